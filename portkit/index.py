@@ -1,0 +1,364 @@
+"""Stage 2, index: a tree-sitter symbol table of C/C++ sources, cached by file content hash.
+
+Each file yields classes and structs (with their fields and method declarations), function
+and method definitions and declarations (in-class and out-of-class, static, templates) with
+qualified names, parameter types, return types, byte and line ranges, the names each body
+calls, and a normalised fingerprint of each body. Parse errors (macro-heavy code) are
+recorded per file and per symbol; they never stop the index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+
+import tree_sitter_cpp
+from tree_sitter import Language, Node, Parser
+
+from portkit.cache import cache_dir
+
+INDEX_FORMAT = 1
+
+CLASS = "class"
+FUNCTION = "function"
+DECLARATION = "declaration"
+FIELD = "field"
+
+_SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx"}
+_CLASS_NODES = {"class_specifier", "struct_specifier", "union_specifier"}
+_CONTAINERS = {
+    "preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef",
+    "declaration_list", "linkage_specification",
+}
+_DECLARATOR_WRAPPERS = {
+    "pointer_declarator", "reference_declarator", "attributed_declarator",
+    "parenthesized_declarator",
+}
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|->|::|<<=|>>=|[-+*/%&|^!=<>]=|&&|\|\||<<|>>|\S")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+@dataclass
+class Symbol:
+    kind: str  # class | function | declaration | field
+    name: str
+    qualname: str
+    file: str  # relative to the indexed root
+    start_byte: int
+    end_byte: int
+    start_line: int  # 1-based
+    end_line: int
+    scope: str = ""  # enclosing class or namespace, qualified
+    params: list[str] = field(default_factory=list)
+    returns: str = ""
+    is_static: bool = False
+    body_start: int = -1  # byte offset of the body's "{" (functions, classes)
+    body_end: int = -1
+    calls: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    has_error: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.start_line}"
+
+    def signature(self) -> str:
+        if self.kind in {FUNCTION, DECLARATION}:
+            return f"{self.qualname}({', '.join(self.params)})"
+        return self.qualname
+
+
+@dataclass
+class FileIndex:
+    path: str
+    sha256: str
+    symbols: list[Symbol]
+    errors: list[int]  # first lines of ERROR nodes, for the report
+
+
+def normalise(text: str) -> list[str]:
+    """C++ tokens of `text` with comments and layout removed: the basis of fingerprints."""
+    return _TOKEN.findall(_COMMENT.sub(" ", text))
+
+
+def fingerprint(text: str) -> str:
+    return hashlib.sha1(" ".join(normalise(text)).encode()).hexdigest()[:16]
+
+
+@cache
+def _parser() -> Parser:
+    return Parser(Language(tree_sitter_cpp.language()))
+
+
+def _text(src: bytes, node: Node | None) -> str:
+    return "" if node is None else src[node.start_byte : node.end_byte].decode("utf-8", "replace")
+
+
+def _squash(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return re.sub(r"\s*([*&]+)\s*", r" \1", text).replace("< ", "<").replace(" >", ">")
+
+
+class _Extractor:
+    def __init__(self, src: bytes, rel: str) -> None:
+        self.src = src
+        self.rel = rel
+        self.symbols: list[Symbol] = []
+
+    def walk(self, node: Node, scope: str) -> None:
+        for child in node.named_children:
+            self.visit(child, scope)
+
+    def visit(self, node: Node, scope: str, *, in_class: bool = False) -> None:
+        kind = node.type
+        if kind == "namespace_definition":
+            name = _text(self.src, node.child_by_field_name("name"))
+            body = node.child_by_field_name("body")
+            if body is not None:
+                self.walk(body, f"{scope}::{name}" if scope and name else name or scope)
+        elif kind in _CONTAINERS:
+            for child in node.named_children:
+                self.visit(child, scope, in_class=in_class)
+        elif kind == "template_declaration":
+            for child in node.named_children:
+                if child.type != "template_parameter_list":
+                    self.visit(child, scope, in_class=in_class)
+        elif kind in _CLASS_NODES:
+            self.add_class(node, scope)
+        elif kind == "function_definition":
+            self.add_function(node, scope, in_class=in_class)
+        elif kind in {"declaration", "field_declaration"}:
+            self.add_declaration(node, scope, in_class=in_class)
+        elif kind in {"type_definition", "alias_declaration"}:
+            return
+        elif kind == "expression_statement" or kind.startswith("preproc_"):
+            return
+
+    def add_class(self, node: Node, scope: str) -> None:
+        body = node.child_by_field_name("body")
+        name = _text(self.src, node.child_by_field_name("name"))
+        if body is None or not name:
+            return
+        qual = f"{scope}::{name}" if scope else name
+        self.symbols.append(self.symbol(CLASS, name, qual, node, scope, body=body))
+        for child in body.named_children:
+            self.visit(child, qual, in_class=True)
+
+    def add_function(self, node: Node, scope: str, *, in_class: bool) -> None:
+        decl = node.child_by_field_name("declarator")
+        fdecl, ptr = _function_declarator(decl)
+        if fdecl is None:
+            return
+        raw = _squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+        qual = f"{scope}::{raw}" if scope and (in_class or "::" not in raw) else raw
+        body = node.child_by_field_name("body")
+        sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, node, qual.rpartition("::")[0],
+                          body=body)
+        self.fill_signature(sym, node, fdecl, ptr)
+        if body is not None:
+            sym.calls = sorted(set(self.calls(body)))
+            sym.fingerprint = fingerprint(_text(self.src, body))
+        self.symbols.append(sym)
+
+    def add_declaration(self, node: Node, scope: str, *, in_class: bool) -> None:
+        decl = node.child_by_field_name("declarator")
+        fdecl, ptr = _function_declarator(decl)
+        if fdecl is not None:
+            raw = _squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+            qual = f"{scope}::{raw}" if scope else raw
+            sym = self.symbol(DECLARATION, raw.rsplit("::", 1)[-1], qual, node,
+                              qual.rpartition("::")[0])
+            self.fill_signature(sym, node, fdecl, ptr)
+            self.symbols.append(sym)
+            return
+        if not in_class:
+            return
+        type_text = _squash(_text(self.src, node.child_by_field_name("type")))
+        for declarator in node.children_by_field_name("declarator"):
+            name_node = _innermost_name(declarator)
+            if name_node is None:
+                continue
+            name = _text(self.src, name_node)
+            sym = self.symbol(FIELD, name, f"{scope}::{name}", node, scope)
+            stars = _squash(_text(self.src, declarator)).split(name)[0].strip()
+            sym.returns = f"{type_text} {stars}".strip()
+            sym.is_static = _has_static(self.src, node)
+            self.symbols.append(sym)
+
+    def symbol(self, kind: str, name: str, qual: str, node: Node, scope: str,
+               body: Node | None = None) -> Symbol:
+        return Symbol(
+            kind=kind, name=name, qualname=qual, file=self.rel,
+            start_byte=node.start_byte, end_byte=node.end_byte,
+            start_line=node.start_point[0] + 1, end_line=node.end_point[0] + 1,
+            scope=scope,
+            body_start=body.start_byte if body is not None else -1,
+            body_end=body.end_byte if body is not None else -1,
+            has_error=node.has_error,
+        )
+
+    def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str) -> None:
+        params = fdecl.child_by_field_name("parameters")
+        if params is not None:
+            sym.params = [self.param_type(p) for p in params.named_children
+                          if p.type in {"parameter_declaration", "optional_parameter_declaration"}]
+        type_node = node.child_by_field_name("type")
+        sym.returns = _squash(f"{_text(self.src, type_node)} {ptr}") if type_node else ""
+        sym.is_static = _has_static(self.src, node)
+
+    def param_type(self, param: Node) -> str:
+        text = _text(self.src, param)
+        default = param.child_by_field_name("default_value")
+        if default is not None:
+            text = text[: default.start_byte - param.start_byte].rstrip().rstrip("=")
+        decl = param.child_by_field_name("declarator")
+        name = _innermost_name(decl) if decl is not None else None
+        if name is not None:
+            cut = name.start_byte - param.start_byte
+            text = text[:cut] + text[name.end_byte - param.start_byte :]
+        return _squash(text)
+
+    def calls(self, body: Node) -> Iterator[str]:
+        stack = [body]
+        while stack:
+            node = stack.pop()
+            if node.type == "call_expression":
+                fn = node.child_by_field_name("function")
+                while fn is not None and fn.type in {"field_expression", "qualified_identifier",
+                                                     "template_function"}:
+                    fn = fn.child_by_field_name("field" if fn.type == "field_expression" else "name")
+                if fn is not None and fn.type in {"identifier", "field_identifier"}:
+                    yield _text(self.src, fn)
+            stack.extend(node.named_children)
+
+
+def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
+    """The function_declarator inside pointer/reference wrappers, and the wrappers' stars."""
+    stars = ""
+    while decl is not None and decl.type in _DECLARATOR_WRAPPERS:
+        if decl.type == "pointer_declarator":
+            stars += "*"
+        elif decl.type == "reference_declarator":
+            stars += "&"
+        decl = decl.child_by_field_name("declarator") or (
+            decl.named_children[-1] if decl.named_children else None
+        )
+    if decl is not None and decl.type == "function_declarator":
+        return decl, stars
+    return None, stars
+
+
+def _innermost_name(decl: Node | None) -> Node | None:
+    while decl is not None:
+        if decl.type in {"identifier", "field_identifier"}:
+            return decl
+        nxt = decl.child_by_field_name("declarator")
+        if nxt is None:
+            named = [c for c in decl.named_children if c.type not in {"type_qualifier"}]
+            nxt = named[0] if decl.type in _DECLARATOR_WRAPPERS and named else None
+        decl = nxt
+    return None
+
+
+def _has_static(src: bytes, node: Node) -> bool:
+    return any(c.type == "storage_class_specifier" and _text(src, c) == "static"
+               for c in node.children)
+
+
+def _error_lines(root: Node, limit: int = 20) -> list[int]:
+    lines: list[int] = []
+    stack = [root]
+    while stack and len(lines) < limit:
+        node = stack.pop()
+        if node.type == "ERROR" or node.is_missing:
+            lines.append(node.start_point[0] + 1)
+            continue
+        if node.has_error:
+            stack.extend(reversed(node.children))
+    return sorted(lines)
+
+
+def parse_source(src: bytes, rel: str) -> FileIndex:
+    """Index one file's bytes (no cache)."""
+    tree = _parser().parse(src)
+    extractor = _Extractor(src, rel)
+    extractor.walk(tree.root_node, "")
+    errors = _error_lines(tree.root_node) if tree.root_node.has_error else []
+    return FileIndex(rel, hashlib.sha256(src).hexdigest(), extractor.symbols, errors)
+
+
+def _cache_path(sha: str) -> Path:
+    return cache_dir("index", f"v{INDEX_FORMAT}", sha[:2]) / f"{sha}.json"
+
+
+def index_file(root: Path, rel: str) -> FileIndex:
+    """Index one file, reusing the on-disk entry for identical content."""
+    src = (root / rel).read_bytes()
+    sha = hashlib.sha256(src).hexdigest()
+    entry = _cache_path(sha)
+    if entry.is_file():
+        data = json.loads(entry.read_text())
+        return FileIndex(rel, sha, [Symbol(**{**s, "file": rel}) for s in data["symbols"]],
+                         data["errors"])
+    result = parse_source(src, rel)
+    tmp = entry.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"symbols": [asdict(s) for s in result.symbols],
+                               "errors": result.errors}))
+    tmp.replace(entry)
+    return result
+
+
+def source_files(root: Path, patterns: Iterable[str]) -> list[str]:
+    """Relative paths of the C/C++ files under `root` matching any glob pattern."""
+    found: set[str] = set()
+    for pattern in patterns:
+        for path in root.glob(pattern):
+            if path.is_file() and path.suffix in _SOURCE_SUFFIXES:
+                found.add(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+class Index:
+    """The symbol table of a set of files under one source root."""
+
+    def __init__(self, root: Path, files: Iterable[FileIndex]) -> None:
+        self.root = root
+        self.files = {f.path: f for f in files}
+        self.symbols = [s for f in self.files.values() for s in f.symbols]
+        self.by_qualname: dict[str, list[Symbol]] = defaultdict(list)
+        self.by_name: dict[str, list[Symbol]] = defaultdict(list)
+        for sym in self.symbols:
+            self.by_qualname[sym.qualname].append(sym)
+            self.by_name[sym.name].append(sym)
+        self._text: dict[str, bytes] = {}
+
+    @classmethod
+    def build(cls, root: Path, patterns: Iterable[str]) -> Index:
+        return cls(root, (index_file(root, rel) for rel in source_files(root, patterns)))
+
+    def source(self, rel: str) -> bytes:
+        if rel not in self._text:
+            self._text[rel] = (self.root / rel).read_bytes()
+        return self._text[rel]
+
+    def text(self, sym: Symbol) -> str:
+        return self.source(sym.file)[sym.start_byte : sym.end_byte].decode("utf-8", "replace")
+
+    def body(self, sym: Symbol) -> str:
+        if sym.body_start < 0:
+            return ""
+        return self.source(sym.file)[sym.body_start : sym.body_end].decode("utf-8", "replace")
+
+    def members(self, cls_sym: Symbol) -> list[Symbol]:
+        return [s for s in self.symbols
+                if s.scope == cls_sym.qualname and s.file == cls_sym.file
+                and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
+
+    def tree_of(self, rel: str) -> Node:
+        return _parser().parse(self.source(rel)).root_node

@@ -1,0 +1,32 @@
+"""The one way portkit runs a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from portkit.errors import PortkitError
+
+
+def run(
+    args: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    capture: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise a PortkitError naming the command and its last output line."""
+    argv = [str(a) for a in args]
+    try:
+        proc = subprocess.run(
+            argv, cwd=cwd, env=env, text=True, capture_output=capture, check=False
+        )
+    except FileNotFoundError as exc:
+        raise PortkitError(f"command not found: {argv[0]}") from exc
+    if check and proc.returncode != 0:
+        out = (proc.stderr or "") + (proc.stdout or "")
+        last = next((ln for ln in reversed(out.strip().splitlines()) if ln.strip()), "")
+        raise PortkitError(f"{' '.join(argv[:3])} failed (exit {proc.returncode}): {last}")
+    return proc
