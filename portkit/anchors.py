@@ -1,0 +1,482 @@
+"""Stage 3, anchors: declarative specs of where a change belongs, resolved against an index.
+
+A spec names its target by qualified name; resolution tries, in order:
+
+  exact       the qualified name as written;
+  alias       every historical name of each qualifier (portkit/data/aliases.toml);
+  structure   what the target calls or contains, its parameter and return types, its members;
+  similarity  token 4-gram containment of a characteristic snippet (`similar_to`).
+
+Structural predicates also guard the first two strategies: a symbol that has the right name
+but no longer does what the spec says is not taken. More than one candidate at any stage is
+an error listing them; nothing found is an error naming the nearest candidates, unless the
+anchor is optional, in which case it is reported absent with what that absence means.
+
+An anchor can carry named points inside its target: `before`/`after` the innermost statement
+(or class member) whose text contains a pattern, optionally `within` an enclosing statement,
+or at `body-start` / `body-end`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+import tomllib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tree_sitter import Node
+
+from portkit.errors import AnchorError, PortkitError
+from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, normalise
+
+EXACT, ALIAS, STRUCTURE, SIMILARITY = "exact", "alias", "structure", "similarity"
+CONFIDENCE = {EXACT: 1.0, ALIAS: 0.95, STRUCTURE: 0.8}
+SIMILARITY_THRESHOLD = 0.6
+SIMILARITY_MARGIN = 0.1
+
+_KINDS = {"class": {CLASS}, "function": {FUNCTION}, "declaration": {DECLARATION},
+          "field": {FIELD}, "member": {DECLARATION, FUNCTION, FIELD}}
+_ANCHOR_KEYS = {"id", "what", "name", "files", "optional", "absent", "doc", "params",
+                "params_first", "returns", "calls", "contains", "lacks", "has", "static",
+                "similar_to", "points"}
+_POINT_KEYS = {"before", "after", "after_param", "within", "at", "doc"}
+_STATEMENT_PARENTS = {"compound_statement", "field_declaration_list"}
+_PASS_THROUGH = {"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "access_specifier"}
+
+
+# -- aliases ----------------------------------------------------------------------------
+
+
+@cache
+def _alias_groups() -> dict[str, tuple[str, ...]]:
+    data = tomllib.loads(resources.files("portkit.data").joinpath("aliases.toml").read_text())
+    groups: dict[str, tuple[str, ...]] = {}
+    for current, old in data["groups"].items():
+        names = (current, *old)
+        for name in names:
+            groups[name] = names
+    return groups
+
+
+def aliases_of(name: str) -> tuple[str, ...]:
+    """Every name of `name`'s rename group, today's first; just `name` if it has none."""
+    return _alias_groups().get(name, (name,))
+
+
+def canonical(text: str) -> str:
+    """`text` with every identifier replaced by today's name of its rename group."""
+    return re.sub(r"[A-Za-z_]\w*", lambda m: aliases_of(m.group(0))[0], text)
+
+
+def qualname_variants(qualname: str) -> list[str]:
+    """All spellings of a qualified name through the alias groups of each component."""
+    parts = [aliases_of(p) for p in qualname.split("::")]
+    return ["::".join(combo) for combo in itertools.product(*parts)]
+
+
+# -- specs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    name: str
+    before: str | None = None
+    after: str | None = None
+    after_param: str | None = None  # a line after the parameter of that name
+    within: str | None = None
+    at: str | None = None  # body-start | body-end
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class AnchorSpec:
+    id: str
+    what: str
+    name: str
+    files: tuple[str, ...] = ()
+    optional: bool = False
+    absent: str = ""
+    doc: str = ""
+    params: tuple[str, ...] | None = None
+    params_first: str | None = None
+    returns: str | None = None
+    calls: tuple[str, ...] = ()
+    contains: tuple[str, ...] = ()
+    lacks: tuple[str, ...] = ()
+    has: tuple[str, ...] = ()
+    static: bool | None = None
+    similar_to: str = ""
+    points: tuple[PointSpec, ...] = ()
+
+    @property
+    def structural(self) -> bool:
+        return bool(self.params is not None or self.params_first or self.returns or self.calls
+                    or self.contains or self.has)
+
+
+@dataclass(frozen=True)
+class AnchorSet:
+    feature: str
+    files: tuple[str, ...]
+    anchors: tuple[AnchorSpec, ...]
+    source: Path
+
+    def get(self, anchor_id: str) -> AnchorSpec:
+        for spec in self.anchors:
+            if spec.id == anchor_id:
+                return spec
+        raise PortkitError(f"{self.source.name}: no anchor named {anchor_id}")
+
+    def patterns(self) -> list[str]:
+        return sorted({*self.files, *(f for a in self.anchors for f in a.files)})
+
+
+def _point(name: str, raw: dict[str, Any], where: str) -> PointSpec:
+    unknown = set(raw) - _POINT_KEYS
+    if unknown:
+        raise PortkitError(f"{where}: point {name}: unknown key {sorted(unknown)[0]}")
+    spec = PointSpec(name=name, **raw)
+    if sum(x is not None for x in (spec.before, spec.after, spec.after_param, spec.at)) != 1:
+        raise PortkitError(
+            f"{where}: point {name}: give exactly one of before, after, after_param, at")
+    if spec.at not in (None, "body-start", "body-end"):
+        raise PortkitError(f"{where}: point {name}: at must be body-start or body-end")
+    return spec
+
+
+def load_anchor_set(path: Path) -> AnchorSet:
+    """Read and check an anchors.toml file."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PortkitError(f"cannot read anchor specs {path}: {exc}") from exc
+    feature = data.get("feature", {})
+    anchors: list[AnchorSpec] = []
+    for raw in data.get("anchor", []):
+        where = f"{path.name}: anchor {raw.get('id', '?')}"
+        unknown = set(raw) - _ANCHOR_KEYS
+        if unknown:
+            raise PortkitError(f"{where}: unknown key {sorted(unknown)[0]}")
+        if raw.get("what") not in _KINDS or not raw.get("id") or not raw.get("name"):
+            raise PortkitError(f"{where}: needs id, name and what (one of {sorted(_KINDS)})")
+        points = tuple(_point(n, p, where) for n, p in raw.pop("points", {}).items())
+        tuples = {k: tuple(v) for k, v in raw.items() if isinstance(v, list)}
+        anchors.append(AnchorSpec(**{**raw, **tuples, "points": points}))
+    ids = [a.id for a in anchors]
+    if len(ids) != len(set(ids)):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise PortkitError(f"{path.name}: anchor {dup} is defined twice")
+    return AnchorSet(feature.get("name", path.parent.name), tuple(feature.get("files", ())),
+                     tuple(anchors), path)
+
+
+# -- resolution -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    offset: int  # byte offset where an insertion goes (start of a line)
+    line: int  # 1-based line of that offset
+    statement: str  # the first line of the source at the offset
+    start: int = -1  # byte range of the statement the point is next to, when it has one
+    end: int = -1
+
+
+@dataclass
+class Candidate:
+    symbol: Symbol
+    score: float
+    why: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.symbol.signature(), "where": self.symbol.where,
+                "score": round(self.score, 3), "why": self.why}
+
+
+@dataclass
+class Resolution:
+    spec: AnchorSpec
+    status: str  # found | absent | error
+    strategy: str = ""
+    confidence: float = 0.0
+    symbol: Symbol | None = None
+    points: dict[str, Point] = field(default_factory=dict)
+    runners_up: list[Candidate] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def found(self) -> bool:
+        return self.status == "found"
+
+    def point(self, name: str) -> Point:
+        if name not in self.points:
+            raise PortkitError(f"anchor {self.spec.id} has no point {name}")
+        return self.points[name]
+
+    def as_json(self) -> dict[str, Any]:
+        sym = self.symbol
+        return {
+            "id": self.spec.id, "status": self.status, "strategy": self.strategy,
+            "confidence": round(self.confidence, 3),
+            "name": sym.signature() if sym else None,
+            "file": sym.file if sym else None,
+            "lines": [sym.start_line, sym.end_line] if sym else None,
+            "points": {n: {"line": p.line, "statement": p.statement}
+                       for n, p in self.points.items()},
+            "runners_up": [c.as_json() for c in self.runners_up],
+            "note": self.note,
+        }
+
+
+def _shingles(tokens: list[str], n: int = 4) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i : i + n]) for i in range(max(1, len(tokens) - n + 1))}
+
+
+class Resolver:
+    """Resolves the anchors of one AnchorSet against one Index."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self._trees: dict[str, Node] = {}
+
+    # predicates -------------------------------------------------------------------------
+
+    def _in_files(self, spec: AnchorSpec, sym: Symbol) -> bool:
+        return not spec.files or any(Path(sym.file).match(p) for p in spec.files)
+
+    def failures(self, spec: AnchorSpec, sym: Symbol) -> list[str]:
+        """The structural predicates of `spec` that `sym` does not satisfy."""
+        failed: list[str] = []
+        if spec.params is not None and [canonical(p) for p in sym.params] != [
+            canonical(p) for p in spec.params
+        ]:
+            failed.append(f"params {list(spec.params)}")
+        if spec.params_first and (
+            not sym.params or canonical(sym.params[0]) != canonical(spec.params_first)
+        ):
+            failed.append(f"first parameter {spec.params_first!r}")
+        if spec.returns and canonical(sym.returns) != canonical(spec.returns):
+            failed.append(f"returns {spec.returns!r}")
+        if spec.static is not None and sym.is_static != spec.static:
+            failed.append("static" if spec.static else "not static")
+        calls = {canonical(c) for c in sym.calls}
+        failed += [f"calls {c}" for c in spec.calls if canonical(c) not in calls]
+        if spec.contains or spec.lacks:
+            body = " ".join(normalise(self.index.body(sym) or self.index.text(sym)))
+            failed += [f"contains {c!r}" for c in spec.contains
+                       if " ".join(normalise(c)) not in body]
+            failed += [f"lacks {c!r}" for c in spec.lacks if " ".join(normalise(c)) in body]
+        if spec.has:
+            members = {canonical(m.name) for m in self.index.members(sym)}
+            failed += [f"has member {m}" for m in spec.has if canonical(m) not in members]
+        return failed
+
+    def _candidates(self, spec: AnchorSpec) -> list[Symbol]:
+        kinds = _KINDS[spec.what]
+        return [s for s in self.index.symbols if s.kind in kinds and self._in_files(spec, s)]
+
+    def similarity(self, spec: AnchorSpec, sym: Symbol) -> float:
+        want = _shingles(normalise(spec.similar_to))
+        have = _shingles(normalise(self.index.text(sym)))
+        return len(want & have) / len(want) if want else 0.0
+
+    # resolution -------------------------------------------------------------------------
+
+    def resolve(self, spec: AnchorSpec) -> Resolution:
+        pool = self._candidates(spec)
+        notes: list[str] = []
+        for strategy, names in ((EXACT, [spec.name]),
+                                (ALIAS, [n for n in qualname_variants(spec.name) if n != spec.name])):
+            named = [s for s in pool if s.qualname in names]
+            fitting = [s for s in named if not self.failures(spec, s)]
+            if not fitting:
+                notes += [f"{s.qualname} at {s.where} lacks " + ", ".join(self.failures(spec, s))
+                          for s in named]
+            if len(fitting) > 1:
+                self._ambiguous(spec, strategy, fitting)
+            if fitting:
+                others = [Candidate(s, 0.0, "; ".join(self.failures(spec, s)))
+                          for s in named if s not in fitting]
+                return self._found(spec, strategy, CONFIDENCE[strategy], fitting[0], others,
+                                   "; ".join(notes))
+        if spec.structural:
+            fitting = [s for s in pool if not self.failures(spec, s)]
+            if len(fitting) > 1:
+                self._ambiguous(spec, STRUCTURE, fitting)
+            if fitting:
+                note = f"no symbol named {spec.name}; found by what it does"
+                return self._found(spec, STRUCTURE, CONFIDENCE[STRUCTURE], fitting[0], [],
+                                   "; ".join([note, *notes]))
+        ranked: list[Candidate] = []
+        if spec.similar_to:
+            ranked = sorted((Candidate(s, self.similarity(spec, s)) for s in pool),
+                            key=lambda c: -c.score)[:4]
+            if ranked and ranked[0].score >= SIMILARITY_THRESHOLD:
+                best, rest = ranked[0], ranked[1:]
+                if rest and rest[0].score > best.score - SIMILARITY_MARGIN:
+                    self._ambiguous(spec, SIMILARITY, [c.symbol for c in ranked
+                                                       if c.score > best.score - SIMILARITY_MARGIN])
+                return self._found(spec, SIMILARITY, best.score, best.symbol, rest,
+                                   f"no symbol named {spec.name}; body resembles the spec's")
+        if spec.optional:
+            return Resolution(spec, "absent", note=spec.absent or "not in this tree")
+        raise AnchorError(f"anchor {spec.id}: {self._miss(spec, pool, ranked, notes)}")
+
+    def _found(self, spec: AnchorSpec, strategy: str, confidence: float, sym: Symbol,
+               others: list[Candidate], note: str) -> Resolution:
+        res = Resolution(spec, "found", strategy, confidence, sym, runners_up=others, note=note)
+        res.points = {p.name: self.resolve_point(spec, sym, p) for p in spec.points}
+        return res
+
+    def _ambiguous(self, spec: AnchorSpec, strategy: str, syms: list[Symbol]) -> None:
+        listed = ", ".join(f"{s.signature()} at {s.where}" for s in syms[:5])
+        raise AnchorError(f"anchor {spec.id}: ambiguous by {strategy}: {len(syms)} candidates: "
+                          f"{listed}")
+
+    def _miss(self, spec: AnchorSpec, pool: list[Symbol], ranked: list[Candidate],
+              notes: list[str]) -> str:
+        if notes:
+            return f"no {spec.what} {spec.name} that fits the spec ({notes[0]})"
+        if ranked:
+            near = [f"{c.symbol.qualname} ({c.score:.2f}, {c.symbol.where})" for c in ranked[:3]]
+        else:
+            names = sorted({s.qualname for s in pool})
+            close = difflib.get_close_matches(spec.name, names, n=3, cutoff=0.5)
+            near = [f"{n} ({next(s.where for s in pool if s.qualname == n)})" for n in close]
+        return (f"no {spec.what} named {spec.name} or an alias, and nothing else fits; "
+                f"nearest: {', '.join(near) if near else 'none'}")
+
+    # points -----------------------------------------------------------------------------
+
+    def _tree(self, rel: str) -> Node:
+        if rel not in self._trees:
+            self._trees[rel] = self.index.tree_of(rel)
+        return self._trees[rel]
+
+    def statements(self, sym: Symbol) -> Iterator[Node]:
+        """Statements of a function body, members of a class body, at any depth."""
+        if sym.body_start < 0:
+            return
+        body = self._tree(sym.file).descendant_for_byte_range(sym.body_start, sym.body_end)
+        stack = [body] if body is not None else []
+        while stack:
+            node = stack.pop()
+            for child in node.named_children:
+                if node.type in _STATEMENT_PARENTS and child.type not in _PASS_THROUGH:
+                    yield child
+                if child.type != "comment":
+                    stack.append(child)
+
+    def resolve_point(self, spec: AnchorSpec, sym: Symbol, point: PointSpec) -> Point:
+        src = self.index.source(sym.file)
+        if point.at is not None:
+            if sym.body_start < 0:
+                raise AnchorError(f"anchor {spec.id}.{point.name}: {sym.qualname} has no body")
+            if point.at == "body-start":
+                return self._point(point, src, src.index(b"\n", sym.body_start) + 1)
+            return self._point(point, src, src.rindex(b"\n", 0, sym.body_end - 1) + 1)
+        if point.after_param is not None:
+            return self._param_point(spec, sym, point, src)
+        target = point.before or point.after or ""
+        if sym.kind == CLASS and re.fullmatch(r"\w+", target):
+            named = [m for m in self.index.members(sym) if m.name == target]
+            if named:
+                return self._statement_point(point, src, named[-1].start_byte, named[-1].end_byte)
+        pattern = " ".join(normalise(target))
+        nodes = list(self.statements(sym))
+        text = {n.id: " ".join(normalise(src[n.start_byte : n.end_byte].decode("utf-8",
+                                                                             "replace")))
+                for n in nodes}
+        matching = [n for n in nodes if pattern in text[n.id]]
+        inner = [n for n in matching if not any(
+            m is not n and n.start_byte <= m.start_byte and m.end_byte <= n.end_byte
+            for m in matching)]
+        if point.within:
+            inner = [n for n in inner if self._inside(n, point.within, src, sym)]
+        if len(inner) != 1:
+            what = "no statement" if not inner else f"{len(inner)} statements"
+            lines = ", ".join(str(n.start_point[0] + 1) for n in inner[:5])
+            raise AnchorError(
+                f"anchor {spec.id}.{point.name}: {what} in {sym.qualname} ({sym.where}) contain "
+                f"{point.before or point.after!r}" + (f" within {point.within!r}" if point.within
+                                                      else "") + (f" (lines {lines})" if lines
+                                                                  else ""))
+        return self._statement_point(point, src, inner[0].start_byte, inner[0].end_byte)
+
+    def _statement_point(self, point: PointSpec, src: bytes, start: int, end: int) -> Point:
+        if point.before is not None:
+            offset = src.rindex(b"\n", 0, start) + 1
+        else:
+            eol = src.find(b"\n", end)
+            offset = len(src) if eol < 0 else eol + 1
+        return self._point(point, src, offset, start, end)
+
+    def _param_point(self, spec: AnchorSpec, sym: Symbol, point: PointSpec, src: bytes) -> Point:
+        node = self._tree(sym.file).descendant_for_byte_range(sym.start_byte, sym.end_byte)
+        stack = [node] if node is not None else []
+        while stack:
+            cur = stack.pop()
+            if cur.type == "parameter_list":
+                for param in cur.named_children:
+                    tail = src[param.start_byte : param.end_byte].decode("utf-8", "replace")
+                    if re.search(rf"\b{re.escape(point.after_param or '')}\s*$", tail):
+                        end = src.find(b"\n", param.end_byte)
+                        return self._point(point, src, end + 1, param.start_byte, param.end_byte)
+                break
+            stack.extend(reversed(cur.named_children))
+        raise AnchorError(f"anchor {spec.id}.{point.name}: {sym.qualname} ({sym.where}) has no "
+                          f"parameter named {point.after_param}")
+
+    def _inside(self, node: Node, within: str, src: bytes, sym: Symbol) -> bool:
+        want = " ".join(normalise(within))
+        child, parent = node, node.parent
+        while parent is not None and parent.start_byte > sym.body_start:
+            in_else = parent.type == "if_statement" and child.type == "else_clause"
+            head = src[parent.start_byte : parent.end_byte].split(b"{", 1)[0]
+            if not in_else and want in " ".join(normalise(head.decode("utf-8", "replace"))):
+                return True
+            child, parent = parent, parent.parent
+        return False
+
+    @staticmethod
+    def _point(point: PointSpec, src: bytes, offset: int, start: int = -1, end: int = -1) -> Point:
+        line = src.count(b"\n", 0, offset) + 1
+        shown = start if start >= 0 else offset
+        eol = src.find(b"\n", shown)
+        first = src[shown : eol if eol >= 0 else len(src)].decode("utf-8", "replace").strip()
+        return Point(point.name, offset, line, first, start, end)
+
+
+def resolve_all(index: Index, anchor_set: AnchorSet,
+                only: Iterable[str] | None = None) -> dict[str, Resolution]:
+    """Resolve every anchor of the set (or those named in `only`), in spec order.
+
+    An anchor that cannot be resolved is returned with status "error" and the message in
+    its note, so that a report can show all of them; `require` turns the first into an error.
+    """
+    resolver = Resolver(index)
+    wanted = set(only) if only is not None else None
+    out: dict[str, Resolution] = {}
+    for spec in anchor_set.anchors:
+        if wanted is not None and spec.id not in wanted:
+            continue
+        try:
+            out[spec.id] = resolver.resolve(spec)
+        except AnchorError as exc:
+            out[spec.id] = Resolution(spec, "error", note=exc.message)
+    return out
+
+
+def require(resolutions: dict[str, Resolution]) -> dict[str, Resolution]:
+    """Raise the first resolution error, if any."""
+    for res in resolutions.values():
+        if res.status == "error":
+            raise AnchorError(res.note)
+    return resolutions
