@@ -33,7 +33,7 @@ from typing import Any
 from tree_sitter import Node
 
 from portkit.errors import AnchorError, PortkitError
-from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, normalise
+from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, flat, normalise
 
 EXACT, ALIAS, STRUCTURE, SIMILARITY = "exact", "alias", "structure", "similarity"
 CONFIDENCE = {EXACT: 1.0, ALIAS: 0.95, STRUCTURE: 0.8}
@@ -248,8 +248,6 @@ class Resolver:
 
     # predicates -------------------------------------------------------------------------
 
-    def _in_files(self, spec: AnchorSpec, sym: Symbol) -> bool:
-        return not spec.files or any(Path(sym.file).match(p) for p in spec.files)
 
     def failures(self, spec: AnchorSpec, sym: Symbol) -> list[str]:
         """The structural predicates of `spec` that `sym` does not satisfy."""
@@ -266,13 +264,12 @@ class Resolver:
             failed.append(f"returns {spec.returns!r}")
         if spec.static is not None and sym.is_static != spec.static:
             failed.append("static" if spec.static else "not static")
-        calls = {canonical(c) for c in sym.calls}
+        calls = {canonical(c) for c in self.index.calls(sym)} if spec.calls else set()
         failed += [f"calls {c}" for c in spec.calls if canonical(c) not in calls]
         if spec.contains or spec.lacks:
-            body = " ".join(normalise(self.index.body(sym) or self.index.text(sym)))
-            failed += [f"contains {c!r}" for c in spec.contains
-                       if " ".join(normalise(c)) not in body]
-            failed += [f"lacks {c!r}" for c in spec.lacks if " ".join(normalise(c)) in body]
+            body = flat(self.index.body(sym) or self.index.text(sym))
+            failed += [f"contains {c!r}" for c in spec.contains if flat(c) not in body]
+            failed += [f"lacks {c!r}" for c in spec.lacks if flat(c) in body]
         if spec.has:
             members = {canonical(m.name) for m in self.index.members(sym)}
             failed += [f"has member {m}" for m in spec.has if canonical(m) not in members]
@@ -280,7 +277,9 @@ class Resolver:
 
     def _candidates(self, spec: AnchorSpec) -> list[Symbol]:
         kinds = _KINDS[spec.what]
-        return [s for s in self.index.symbols if s.kind in kinds and self._in_files(spec, s)]
+        files = [f for f in self.index.files
+                 if not spec.files or any(Path(f).match(p) for p in spec.files)]
+        return [s for f in files for s in self.index.files[f].symbols if s.kind in kinds]
 
     def similarity(self, spec: AnchorSpec, sym: Symbol) -> float:
         want = _shingles(normalise(spec.similar_to))
@@ -389,12 +388,9 @@ class Resolver:
             named = [m for m in self.index.members(sym) if m.name == target]
             if named:
                 return self._statement_point(point, src, named[-1].start_byte, named[-1].end_byte)
-        pattern = " ".join(normalise(target))
-        nodes = list(self.statements(sym))
-        text = {n.id: " ".join(normalise(src[n.start_byte : n.end_byte].decode("utf-8",
-                                                                             "replace")))
-                for n in nodes}
-        matching = [n for n in nodes if pattern in text[n.id]]
+        pattern = flat(target)
+        matching = [n for n in self.statements(sym)
+                    if pattern in flat(src[n.start_byte : n.end_byte].decode("utf-8", "replace"))]
         inner = [n for n in matching if not any(
             m is not n and n.start_byte <= m.start_byte and m.end_byte <= n.end_byte
             for m in matching)]
@@ -435,12 +431,12 @@ class Resolver:
                           f"parameter named {point.after_param}")
 
     def _inside(self, node: Node, within: str, src: bytes, sym: Symbol) -> bool:
-        want = " ".join(normalise(within))
+        want = flat(within)
         child, parent = node, node.parent
         while parent is not None and parent.start_byte > sym.body_start:
             in_else = parent.type == "if_statement" and child.type == "else_clause"
             head = src[parent.start_byte : parent.end_byte].split(b"{", 1)[0]
-            if not in_else and want in " ".join(normalise(head.decode("utf-8", "replace"))):
+            if not in_else and want in flat(head.decode("utf-8", "replace")):
                 return True
             child, parent = parent, parent.parent
         return False

@@ -2,8 +2,8 @@
 
 Each file yields classes and structs (with their fields and method declarations), function
 and method definitions and declarations (in-class and out-of-class, static, templates) with
-qualified names, parameter types, return types, byte and line ranges, the names each body
-calls, and a normalised fingerprint of each body. Parse errors (macro-heavy code) are
+qualified names, parameter types, return types, byte and line ranges, and a normalised
+fingerprint of each body. What a body calls is read from its text on demand. Parse errors (macro-heavy code) are
 recorded per file and per symbol; they never stop the index.
 """
 
@@ -13,17 +13,17 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import tree_sitter_cpp
-from tree_sitter import Language, Node, Parser
+from tree_sitter import Language, Node, Parser, Tree
 
 from portkit.cache import cache_dir
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 
 CLASS = "class"
 FUNCTION = "function"
@@ -42,6 +42,10 @@ _DECLARATOR_WRAPPERS = {
 }
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|->|::|<<=|>>=|[-+*/%&|^!=<>]=|&&|\|\||<<|>>|\S")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
+_NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype",
+              "catch", "static_assert", "defined"}
+_PTR_SPACING = re.compile(r"\s*([*&]+)\s*")
 
 
 @dataclass
@@ -60,7 +64,6 @@ class Symbol:
     is_static: bool = False
     body_start: int = -1  # byte offset of the body's "{" (functions, classes)
     body_end: int = -1
-    calls: list[str] = field(default_factory=list)
     fingerprint: str = ""
     has_error: bool = False
 
@@ -87,13 +90,27 @@ def normalise(text: str) -> list[str]:
     return _TOKEN.findall(_COMMENT.sub(" ", text))
 
 
+def flat(text: str) -> str:
+    """`text` without comments and white space: for layout-blind matching and hashing."""
+    if "/" in text:
+        text = _COMMENT.sub(" ", text)
+    return "".join(text.split())
+
+
 def fingerprint(text: str) -> str:
-    return hashlib.sha1(" ".join(normalise(text)).encode()).hexdigest()[:16]
+    """A hash of `text` that ignores comments and layout."""
+    return hashlib.sha1(flat(text).encode()).hexdigest()[:16]
+
+
+@cache
+def _language() -> Language:
+    return Language(tree_sitter_cpp.language())
 
 
 @cache
 def _parser() -> Parser:
-    return Parser(Language(tree_sitter_cpp.language()))
+    return Parser(_language())
+
 
 
 def _text(src: bytes, node: Node | None) -> str:
@@ -101,8 +118,11 @@ def _text(src: bytes, node: Node | None) -> str:
 
 
 def _squash(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip()
-    return re.sub(r"\s*([*&]+)\s*", r" \1", text).replace("< ", "<").replace(" >", ">")
+    """One spelling of a type or name: single spaces, `T *`, `T &`, `a<b>`."""
+    text = " ".join(text.split())
+    if "*" in text or "&" in text:
+        text = _PTR_SPACING.sub(r" \1", text)
+    return text.replace("< ", "<").replace(" >", ">")
 
 
 class _Extractor:
@@ -162,7 +182,6 @@ class _Extractor:
                           body=body)
         self.fill_signature(sym, node, fdecl, ptr)
         if body is not None:
-            sym.calls = sorted(set(self.calls(body)))
             sym.fingerprint = fingerprint(_text(self.src, body))
         self.symbols.append(sym)
 
@@ -224,18 +243,6 @@ class _Extractor:
             text = text[:cut] + text[name.end_byte - param.start_byte :]
         return _squash(text)
 
-    def calls(self, body: Node) -> Iterator[str]:
-        stack = [body]
-        while stack:
-            node = stack.pop()
-            if node.type == "call_expression":
-                fn = node.child_by_field_name("function")
-                while fn is not None and fn.type in {"field_expression", "qualified_identifier",
-                                                     "template_function"}:
-                    fn = fn.child_by_field_name("field" if fn.type == "field_expression" else "name")
-                if fn is not None and fn.type in {"identifier", "field_identifier"}:
-                    yield _text(self.src, fn)
-            stack.extend(node.named_children)
 
 
 def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
@@ -284,9 +291,22 @@ def _error_lines(root: Node, limit: int = 20) -> list[int]:
     return sorted(lines)
 
 
+_recent_trees: dict[str, Tree] = {}
+
+
+def parse_tree(src: bytes) -> Tree:
+    """The tree-sitter parse of `src`, reusing the parse of a file indexed in this process."""
+    sha = hashlib.sha256(src).hexdigest()
+    tree = _recent_trees.pop(sha, None) or _parser().parse(src)
+    _recent_trees[sha] = tree
+    while len(_recent_trees) > 32:
+        _recent_trees.pop(next(iter(_recent_trees)))
+    return tree
+
+
 def parse_source(src: bytes, rel: str) -> FileIndex:
     """Index one file's bytes (no cache)."""
-    tree = _parser().parse(src)
+    tree = parse_tree(src)
     extractor = _Extractor(src, rel)
     extractor.walk(tree.root_node, "")
     errors = _error_lines(tree.root_node) if tree.root_node.has_error else []
@@ -308,7 +328,7 @@ def index_file(root: Path, rel: str) -> FileIndex:
                          data["errors"])
     result = parse_source(src, rel)
     tmp = entry.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"symbols": [asdict(s) for s in result.symbols],
+    tmp.write_text(json.dumps({"symbols": [vars(s) for s in result.symbols],
                                "errors": result.errors}))
     tmp.replace(entry)
     return result
@@ -355,10 +375,15 @@ class Index:
             return ""
         return self.source(sym.file)[sym.body_start : sym.body_end].decode("utf-8", "replace")
 
+    def calls(self, sym: Symbol) -> set[str]:
+        """Names the body of `sym` calls (functions, methods, constructors-by-call)."""
+        body = _COMMENT.sub(" ", self.body(sym))
+        return {m for m in _CALL.findall(body) if m not in _NOT_CALLS}
+
     def members(self, cls_sym: Symbol) -> list[Symbol]:
         return [s for s in self.symbols
                 if s.scope == cls_sym.qualname and s.file == cls_sym.file
                 and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
 
     def tree_of(self, rel: str) -> Node:
-        return _parser().parse(self.source(rel)).root_node
+        return parse_tree(self.source(rel)).root_node
