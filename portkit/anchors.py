@@ -33,7 +33,7 @@ from typing import Any
 from tree_sitter import Node
 
 from portkit.errors import AnchorError, PortkitError
-from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, flat, normalise
+from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, flat, normalise, squash
 
 EXACT, ALIAS, STRUCTURE, SIMILARITY = "exact", "alias", "structure", "similarity"
 CONFIDENCE = {EXACT: 1.0, ALIAS: 0.95, STRUCTURE: 0.8}
@@ -253,14 +253,14 @@ class Resolver:
         """The structural predicates of `spec` that `sym` does not satisfy."""
         failed: list[str] = []
         if spec.params is not None and [canonical(p) for p in sym.params] != [
-            canonical(p) for p in spec.params
+            canonical(squash(p)) for p in spec.params
         ]:
             failed.append(f"params {list(spec.params)}")
         if spec.params_first and (
-            not sym.params or canonical(sym.params[0]) != canonical(spec.params_first)
+            not sym.params or canonical(sym.params[0]) != canonical(squash(spec.params_first))
         ):
             failed.append(f"first parameter {spec.params_first!r}")
-        if spec.returns and canonical(sym.returns) != canonical(spec.returns):
+        if spec.returns and canonical(sym.returns) != canonical(squash(spec.returns)):
             failed.append(f"returns {spec.returns!r}")
         if spec.static is not None and sym.is_static != spec.static:
             failed.append("static" if spec.static else "not static")
@@ -409,6 +409,11 @@ class Resolver:
     def _statement_point(self, point: PointSpec, src: bytes, start: int, end: int) -> Point:
         if point.before is not None:
             offset = src.rindex(b"\n", 0, start) + 1
+            while offset > 1:  # a comment right above a statement belongs to it
+                prev = src.rindex(b"\n", 0, offset - 1) + 1 if b"\n" in src[: offset - 1] else 0
+                if not src[prev:offset].lstrip().startswith(b"//"):
+                    break
+                offset = prev
         else:
             eol = src.find(b"\n", end)
             offset = len(src) if eol < 0 else eol + 1

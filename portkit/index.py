@@ -23,7 +23,7 @@ from tree_sitter import Language, Node, Parser, Tree
 
 from portkit.cache import cache_dir
 
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 
 CLASS = "class"
 FUNCTION = "function"
@@ -45,7 +45,6 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
 _NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype",
               "catch", "static_assert", "defined"}
-_PTR_SPACING = re.compile(r"\s*([*&]+)\s*")
 
 
 @dataclass
@@ -117,11 +116,13 @@ def _text(src: bytes, node: Node | None) -> str:
     return "" if node is None else src[node.start_byte : node.end_byte].decode("utf-8", "replace")
 
 
-def _squash(text: str) -> str:
-    """One spelling of a type or name: single spaces, `T *`, `T &`, `a<b>`."""
-    text = " ".join(text.split())
+def squash(text: str) -> str:
+    """One spelling of a type or name: single spaces, `T *`, `T &`, `T **`, `a<b>`."""
     if "*" in text or "&" in text:
-        text = _PTR_SPACING.sub(r" \1", text)
+        text = text.replace("*", " * ").replace("&", " & ")
+        text = " ".join(text.split()).replace("* *", "**").replace("& &", "&&")
+    else:
+        text = " ".join(text.split())
     return text.replace("< ", "<").replace(" >", ">")
 
 
@@ -175,7 +176,7 @@ class _Extractor:
         fdecl, ptr = _function_declarator(decl)
         if fdecl is None:
             return
-        raw = _squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+        raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
         qual = f"{scope}::{raw}" if scope and (in_class or "::" not in raw) else raw
         body = node.child_by_field_name("body")
         sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, node, qual.rpartition("::")[0],
@@ -189,7 +190,7 @@ class _Extractor:
         decl = node.child_by_field_name("declarator")
         fdecl, ptr = _function_declarator(decl)
         if fdecl is not None:
-            raw = _squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+            raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
             qual = f"{scope}::{raw}" if scope else raw
             sym = self.symbol(DECLARATION, raw.rsplit("::", 1)[-1], qual, node,
                               qual.rpartition("::")[0])
@@ -198,14 +199,14 @@ class _Extractor:
             return
         if not in_class:
             return
-        type_text = _squash(_text(self.src, node.child_by_field_name("type")))
+        type_text = squash(_text(self.src, node.child_by_field_name("type")))
         for declarator in node.children_by_field_name("declarator"):
             name_node = _innermost_name(declarator)
             if name_node is None:
                 continue
             name = _text(self.src, name_node)
             sym = self.symbol(FIELD, name, f"{scope}::{name}", node, scope)
-            stars = _squash(_text(self.src, declarator)).split(name)[0].strip()
+            stars = squash(_text(self.src, declarator)).split(name)[0].strip()
             sym.returns = f"{type_text} {stars}".strip()
             sym.is_static = _has_static(self.src, node)
             self.symbols.append(sym)
@@ -228,7 +229,7 @@ class _Extractor:
             sym.params = [self.param_type(p) for p in params.named_children
                           if p.type in {"parameter_declaration", "optional_parameter_declaration"}]
         type_node = node.child_by_field_name("type")
-        sym.returns = _squash(f"{_text(self.src, type_node)} {ptr}") if type_node else ""
+        sym.returns = squash(f"{_text(self.src, type_node)} {ptr}") if type_node else ""
         sym.is_static = _has_static(self.src, node)
 
     def param_type(self, param: Node) -> str:
@@ -241,7 +242,7 @@ class _Extractor:
         if name is not None:
             cut = name.start_byte - param.start_byte
             text = text[:cut] + text[name.end_byte - param.start_byte :]
-        return _squash(text)
+        return squash(text)
 
 
 

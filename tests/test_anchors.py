@@ -43,7 +43,7 @@ def test_every_rotation_anchor_resolves_to_the_right_code(registry_tree, version
     src = index.source(rope.symbol.file)
     branch = src.index(b"ggml_is_quantized", rope.symbol.body_start)
     other = src.index(b"} else {", branch)
-    for name, call in (("unrotate", b"ggml_cast"), ("rerotate", b"ggml_cpy")):
+    for name, call in (("unrotate", b"ggml_rope_ext"), ("rerotate", b"ggml_rope_ext")):
         point = rope.points[name]
         assert branch < point.start < other, f"{name} is inside the quantized branch"
         assert call in src[point.start : point.end]
