@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -11,16 +12,22 @@ from typing import Any, TypeVar
 import click
 
 from portkit import __version__
+from portkit import apply as apply_mod
 from portkit import tree as tree_mod
 from portkit.errors import PortkitError
 from portkit.features import DEFAULT_FEATURE, resolve_feature
+from portkit.render import PRESENT, Rendered, render, write_series
 from portkit.report import emit_json, emit_table
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fails_cleanly(fn: F) -> F:
-    """Turn a PortkitError into `portkit: message` on stderr and its exit code."""
+    """Turn any failure into one line on stderr and a non-zero exit code.
+
+    PortkitError carries its own message and code; an OSError (a permission, a full disk)
+    exits 1; anything else is a bug in portkit: exit 70 (PORTKIT_DEBUG=1 shows the trace).
+    """
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -29,6 +36,16 @@ def fails_cleanly(fn: F) -> F:
         except PortkitError as exc:
             click.echo(f"portkit: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            click.echo(f"portkit: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+                       err=True)
+            sys.exit(1)
+        except Exception as exc:
+            if os.environ.get("PORTKIT_DEBUG"):
+                raise
+            click.echo(f"portkit: internal error ({type(exc).__name__}: {exc}); "
+                       f"rerun with PORTKIT_DEBUG=1 and report it", err=True)
+            sys.exit(70)
 
     return wrapper  # type: ignore[return-value]
 
@@ -128,6 +145,104 @@ def anchors_cmd(tree_path: Path, feature: str, fmt: str) -> None:
         click.echo(f"portkit: {len(errors)} anchor(s) unresolved; first: {errors[0].note}",
                    err=True)
         sys.exit(3)
+
+
+FEATURE_OPTION = click.option("--feature", default=DEFAULT_FEATURE, show_default=True,
+                              help="A feature under templates/.")
+
+
+def _explain(rendered: Rendered) -> None:
+    """What render decided for each patch of the feature, one line each."""
+    for outcome in rendered.outcomes:
+        if outcome.mail is not None:
+            added = sum(1 for ln in outcome.mail.diff.splitlines() if ln.startswith("+") and not
+                        ln.startswith("+++"))
+            click.echo(f"  {outcome.number + 1}. {outcome.spec.name}: {len(outcome.mail.files())} "
+                       f"file(s), +{added} lines")
+            for skipped in outcome.skipped_edits:
+                click.echo(f"       skipped {skipped}")
+        else:
+            click.echo(f"  {outcome.number + 1}. {outcome.spec.name}: {outcome.status}"
+                       + (f" ({outcome.reason})" if outcome.reason else ""))
+
+
+@cli.command("render")
+@TREE_OPTION
+@FEATURE_OPTION
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Folder for the numbered git-am series (created).")
+@fails_cleanly
+def render_cmd(tree_path: Path, feature: str, out: Path) -> None:
+    """Render a feature as a numbered git-am patch series for a tree.
+
+    The tree is only read. Patches already present upstream are left out, and so are
+    patches whose anchor does not exist in this tree ("not applicable").
+    """
+    info = tree_mod.detect(tree_path)
+    rendered = render(info, feature)
+    if rendered.present_upstream:
+        click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {info.pin or '?'}): "
+                   f"nothing rendered")
+        _explain(rendered)
+        return
+    written = write_series(rendered, out)
+    click.echo(f"rendered {len(written)} patch(es) of {feature} for llama.cpp "
+               f"{(info.pin or '?')[:12]} into {out}:")
+    _explain(rendered)
+
+
+@cli.command("apply")
+@click.option("--pin", help="The llama.cpp commit the tree must be at (e.g. 7049736b).")
+@TREE_OPTION
+@FEATURE_OPTION
+@click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
+@click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
+@click.option("--force", is_flag=True, help="Skip the pin check.")
+@fails_cleanly
+def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, reverse: bool,
+              force: bool) -> None:
+    """Port a feature onto the tree: verify the pin, render, apply all or nothing.
+
+    \b
+    portkit apply --pin 7049736b              in the fork's checkout
+    portkit apply --pin 7049736b --dry-run    show the series, change nothing
+    portkit apply --pin 7049736b --reverse    take it out again, byte for byte
+
+    On any failure the tree is left exactly as it was. A second run says "already
+    applied"; a tree where upstream already has the feature is left alone. In an
+    ollama-style fork the series is also added to llama/patches with the next numbers.
+    """
+    info = tree_mod.detect(tree_path)
+    if pin is None and not force:
+        raise PortkitError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
+    action = apply_mod.reverse if reverse else apply_mod.apply
+    outcome = action(info, feature, pin=pin, force=force, dry_run=dry_run)
+    if outcome.status == apply_mod.DRY_RUN:
+        for _, text in outcome.patches:
+            click.echo(text, nl=False)
+        click.echo(f"dry run: {len(outcome.patches)} patch(es) would be "
+                   f"{'reversed' if reverse else 'applied'} to {len(outcome.files)} file(s); "
+                   f"nothing changed", err=True)
+        return
+    if outcome.status == apply_mod.PRESENT:
+        click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {(info.pin or '?')[:12]}): "
+                   f"nothing applied")
+        return
+    if outcome.status == apply_mod.ALREADY:
+        click.echo(f"{feature} is already applied ({len(outcome.patches)} patches): "
+                   f"nothing changed")
+        return
+    verb = "reversed" if reverse else "applied"
+    click.echo(f"{verb} {len(outcome.patches)} patch(es) of {feature} "
+               f"({len(outcome.files)} files) in {info.llama_root}")
+    for name, _ in outcome.patches:
+        click.echo(f"  {name}")
+    for copy in outcome.series_copies:
+        click.echo(f"  series copy: {copy}")
+    if outcome.rendered is not None:
+        for o in outcome.rendered.outcomes:
+            if o.mail is None:
+                click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
 
 
 def main() -> None:

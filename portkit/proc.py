@@ -28,5 +28,6 @@ def run(
     if check and proc.returncode != 0:
         out = (proc.stderr or "") + (proc.stdout or "")
         last = next((ln for ln in reversed(out.strip().splitlines()) if ln.strip()), "")
-        raise PortkitError(f"{' '.join(argv[:3])} failed (exit {proc.returncode}): {last}")
+        name = " ".join(a for a in argv[:4] if not a.startswith("--"))
+        raise PortkitError(f"{name} failed (exit {proc.returncode}): {last}")
     return proc

@@ -1,0 +1,213 @@
+"""Stage 5, apply: put a rendered series into a tree, all or nothing, and take it out again.
+
+The series is applied with `git apply` (which checks every hunk before it writes), inside
+a transaction that snapshots every file it may touch and puts them back on any failure.
+What was applied is recorded under <tree>/.portkit/<feature>/ (the series and a state
+file), so that a second run can say "already applied" and --reverse can undo it exactly.
+In an ollama-style fork the series is also written to llama/patches with the next free
+numbers, as the fork's own patches are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from portkit.cache import cache_dir
+from portkit.errors import PortkitError
+from portkit.proc import run
+from portkit.render import Rendered, render
+from portkit.series import next_number
+from portkit.tree import OLLAMA, Tree, pin_matches
+
+APPLIED, ALREADY, PRESENT, REVERSED, DRY_RUN = (
+    "applied", "already applied", "present upstream", "reversed", "dry run")
+
+
+@dataclass
+class Outcome:
+    status: str
+    patches: list[tuple[str, str]] = field(default_factory=list)  # (file name, text)
+    files: list[str] = field(default_factory=list)
+    series_copies: list[str] = field(default_factory=list)
+    rendered: Rendered | None = None
+
+
+def record_dir(tree: Tree, feature: str) -> Path:
+    return tree.root / ".portkit" / feature
+
+
+def check_pin(tree: Tree, pin: str) -> None:
+    if tree.pin is None:
+        raise PortkitError(
+            f"cannot tell which llama.cpp commit {tree.root} is at (no Makefile.sync FETCH_HEAD, "
+            f"build-info, CHANGELOG or git HEAD); pass --force to skip the pin check")
+    if not pin_matches(tree.pin, pin):
+        raise PortkitError(f"the tree is at {tree.pin[:12]} (from {tree.pin_source}), not at the "
+                           f"pin {pin}; pass --force to apply anyway")
+
+
+def _scratch_git_dir() -> Path:
+    """An empty repository: git apply works on the llama.cpp root as a plain work tree,
+    whatever repository (a fork's, a submodule link) encloses or sits in it."""
+    path = cache_dir("git") / "apply-scratch.git"
+    if not (path / "HEAD").is_file():
+        run(["git", "init", "--quiet", "--bare", path])
+    return path
+
+
+def _git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None:
+    """`git apply` of a series, in order, with paths relative to `root`. git checks every
+    hunk of every patch before it writes anything. (Its --check mode cannot be used for a
+    series: it checks each patch against the files as they are, not as the earlier
+    patches leave them.)"""
+    args = ["git", f"--git-dir={_scratch_git_dir()}", f"--work-tree={root}",
+            "apply", "--whitespace=nowarn", *(["-R"] if reverse else [])]
+    run([*args, *[p.resolve() for p in patches]], cwd=root)
+
+
+def _check_series(tree: Tree, patches: list[Path], files: list[str], *,
+                  reverse: bool = False) -> None:
+    """Apply the series to a scratch copy of the files it touches: raise if it does not."""
+    with tempfile.TemporaryDirectory(prefix="portkit-check-") as scratch:
+        for rel in files:
+            src = tree.llama_root / rel
+            if src.is_file():
+                (Path(scratch) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, Path(scratch) / rel)
+        _git_apply(Path(scratch), patches, reverse=reverse)
+
+
+def _refuse_dirty(tree: Tree, files: list[str]) -> None:
+    try:
+        repo = git.Repo(tree.llama_root, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return
+    top = Path(repo.working_tree_dir or tree.llama_root)
+    paths = [str((tree.llama_root / f).relative_to(top)) for f in files]
+    dirty = repo.git.status("--porcelain", "--", *paths).splitlines()
+    if dirty:
+        raise PortkitError(f"uncommitted changes in {dirty[0][3:]}"
+                           + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
+                           + "; commit or stash them first")
+
+
+def _refuse_unwritable(paths: list[Path]) -> None:
+    for path in paths:
+        target = path if path.exists() else path.parent
+        if target.exists() and not os.access(target, os.W_OK):
+            raise PortkitError(f"cannot write {path} (read-only)")
+        if path.exists() and not os.access(path.parent, os.W_OK):
+            raise PortkitError(f"cannot write in {path.parent} (read-only)")
+
+
+def _restore(path: Path, data: bytes | None) -> None:
+    if data is None:
+        path.unlink(missing_ok=True)
+    elif not path.is_file() or path.read_bytes() != data:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+@contextmanager
+def transaction(files: list[Path], folders: list[Path]) -> Iterator[None]:
+    """Snapshot `files` and `folders` (existing or not); put them all back on any error."""
+    saved = {f: (f.read_bytes() if f.is_file() else None) for f in files}
+    contents = {d: ({p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+                    if d.is_dir() else None) for d in folders}
+    try:
+        yield
+    except BaseException:
+        for folder, content in contents.items():
+            if content is None:
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            for extra in [p for p in folder.rglob("*") if p.is_file() and p not in content]:
+                extra.unlink()
+            for path, data in content.items():
+                _restore(path, data)
+        for path, data in saved.items():
+            _restore(path, data)
+        raise
+
+
+def _read_state(tree: Tree, feature: str) -> dict[str, object] | None:
+    state = record_dir(tree, feature) / "state.json"
+    return json.loads(state.read_text()) if state.is_file() else None
+
+
+def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
+          dry_run: bool = False) -> Outcome:
+    """Render the feature for `tree` and apply it, all or nothing."""
+    if pin is not None and not force:
+        check_pin(tree, pin)
+    record = record_dir(tree, feature)
+    state = _read_state(tree, feature)
+    if state is not None:
+        recorded = sorted(record.glob("*.patch"))
+        try:
+            _check_series(tree, list(reversed(recorded)), list(state.get("files", [])),  # type: ignore[arg-type]
+                          reverse=True)
+        except PortkitError as exc:
+            raise PortkitError(f"{feature} was applied by portkit, but the tree has changed since "
+                               f"({exc.message}); see {record}") from exc
+        return Outcome(ALREADY, [(p.name, p.read_text()) for p in recorded],
+                       list(state.get("files", [])))  # type: ignore[arg-type]
+    rendered = render(tree, feature)
+    if rendered.present_upstream:
+        return Outcome(PRESENT, rendered=rendered)
+    files = rendered.files()
+    first = next_number(tree.series_dir) if tree.layout == OLLAMA and tree.series_dir else 1
+    mails = rendered.mails(first)
+    if dry_run:
+        return Outcome(DRY_RUN, mails, files, rendered=rendered)
+    _refuse_dirty(tree, files)
+    copies = [tree.series_dir / name for name, _ in mails] if tree.series_dir else []
+    _refuse_unwritable([tree.llama_root / f for f in files] + copies)
+    with transaction([tree.llama_root / f for f in files] + copies, [tree.root / ".portkit"]):
+        record.mkdir(parents=True, exist_ok=True)
+        for name, text in mails:
+            (record / name).write_text(text)
+        _git_apply(tree.llama_root, sorted(record.glob("*.patch")))
+        for copy, (_, text) in zip(copies, mails):
+            copy.write_text(text)
+        (record / "state.json").write_text(json.dumps({
+            "feature": feature, "pin": tree.pin, "files": files,
+            "series_copies": [str(c.relative_to(tree.root)) for c in copies],
+        }, indent=2) + "\n")
+    return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered)
+
+
+def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
+            dry_run: bool = False) -> Outcome:
+    """Take out a series that `apply` put in, restoring the tree byte for byte."""
+    if pin is not None and not force:
+        check_pin(tree, pin)
+    record = record_dir(tree, feature)
+    state = _read_state(tree, feature)
+    if state is None:
+        raise PortkitError(f"{feature} is not applied to this tree (no record in {record})")
+    recorded = sorted(record.glob("*.patch"))
+    files = list(state.get("files", []))  # type: ignore[arg-type]
+    copies = [tree.root / c for c in state.get("series_copies", [])]  # type: ignore[union-attr]
+    mails = [(p.name, p.read_text()) for p in recorded]
+    if dry_run:
+        return Outcome(DRY_RUN, mails, files)
+    _refuse_unwritable([tree.llama_root / f for f in files])
+    with transaction([tree.llama_root / f for f in files] + copies, [tree.root / ".portkit"]):
+        _git_apply(tree.llama_root, list(reversed(recorded)), reverse=True)
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+        shutil.rmtree(record)
+        portkit_dir = tree.root / ".portkit"
+        if portkit_dir.is_dir() and not any(portkit_dir.iterdir()):
+            portkit_dir.rmdir()
+    return Outcome(REVERSED, mails, files, [str(c) for c in copies])
