@@ -21,6 +21,7 @@ from pathlib import Path
 
 import git
 
+from portkit.build import CompileResult, compile_units
 from portkit.cache import cache_dir
 from portkit.errors import PortkitError
 from portkit.proc import run
@@ -39,6 +40,7 @@ class Outcome:
     files: list[str] = field(default_factory=list)
     series_copies: list[str] = field(default_factory=list)
     rendered: Rendered | None = None
+    compiled: CompileResult | None = None
 
 
 def record_dir(tree: Tree, feature: str) -> Path:
@@ -100,13 +102,20 @@ def _refuse_dirty(tree: Tree, files: list[str]) -> None:
                            + "; commit or stash them first")
 
 
+def _read_only(path: Path) -> bool:
+    """Not writable for us, or marked read-only by its owner (which root would ignore)."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
+
+
 def _refuse_unwritable(paths: list[Path]) -> None:
     for path in paths:
-        target = path if path.exists() else path.parent
-        if target.exists() and not os.access(target, os.W_OK):
+        if path.exists() and _read_only(path):
             raise PortkitError(f"cannot write {path} (read-only)")
-        if path.exists() and not os.access(path.parent, os.W_OK):
-            raise PortkitError(f"cannot write in {path.parent} (read-only)")
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+        if _read_only(folder):
+            raise PortkitError(f"cannot write in {folder} (read-only)")
 
 
 def _restore(path: Path, data: bytes | None) -> None:
@@ -145,8 +154,12 @@ def _read_state(tree: Tree, feature: str) -> dict[str, object] | None:
 
 
 def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
-          dry_run: bool = False) -> Outcome:
-    """Render the feature for `tree` and apply it, all or nothing."""
+          dry_run: bool = False, compile_check: bool = False) -> Outcome:
+    """Render the feature for `tree` and apply it, all or nothing.
+
+    With `compile_check`, the translation units the series touches are compiled before the
+    transaction ends: a series that does not compile is taken out again.
+    """
     if pin is not None and not force:
         check_pin(tree, pin)
     record = record_dir(tree, feature)
@@ -183,7 +196,8 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
             "feature": feature, "pin": tree.pin, "files": files,
             "series_copies": [str(c.relative_to(tree.root)) for c in copies],
         }, indent=2) + "\n")
-    return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered)
+        compiled = compile_units(tree, files) if compile_check else None
+    return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
 
 
 def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,

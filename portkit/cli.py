@@ -198,9 +198,11 @@ def render_cmd(tree_path: Path, feature: str, out: Path) -> None:
 @click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
+@click.option("--compile", "compile_check", is_flag=True,
+              help="Compile the translation units the series touches; take it out if they fail.")
 @fails_cleanly
 def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, reverse: bool,
-              force: bool) -> None:
+              force: bool, compile_check: bool) -> None:
     """Port a feature onto the tree: verify the pin, render, apply all or nothing.
 
     \b
@@ -215,8 +217,11 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
     info = tree_mod.detect(tree_path)
     if pin is None and not force:
         raise PortkitError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
-    action = apply_mod.reverse if reverse else apply_mod.apply
-    outcome = action(info, feature, pin=pin, force=force, dry_run=dry_run)
+    if reverse:
+        outcome = apply_mod.reverse(info, feature, pin=pin, force=force, dry_run=dry_run)
+    else:
+        outcome = apply_mod.apply(info, feature, pin=pin, force=force, dry_run=dry_run,
+                                  compile_check=compile_check)
     if outcome.status == apply_mod.DRY_RUN:
         for _, text in outcome.patches:
             click.echo(text, nl=False)
@@ -243,6 +248,8 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
         for o in outcome.rendered.outcomes:
             if o.mail is None:
                 click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
+    if outcome.compiled is not None:
+        click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
 
 
 def main() -> None:

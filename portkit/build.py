@@ -1,0 +1,109 @@
+"""Configure and build llama.cpp trees with CMake + Ninja (CPU only, ccache when installed).
+
+Build folders live in the cache, one per tree and configuration, so that building an
+unchanged tree again costs seconds (Ninja's own up-to-date check, ccache for the rest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkit.cache import cache_dir
+from portkit.errors import PortkitError
+from portkit.proc import run
+from portkit.tree import Tree
+
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    units: list[str]  # relative to the llama.cpp root
+    method: str  # how they were compiled
+
+
+def build_dir(tree: Tree, flavour: str = "default") -> Path:
+    key = hashlib.sha256(f"{tree.llama_root.resolve()}\n{flavour}".encode()).hexdigest()[:16]
+    return cache_dir("builds") / key
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if " error: " in line or line.startswith("error:") or "fatal error:" in line:
+            return line.strip()
+    return next((ln for ln in reversed(log.strip().splitlines()) if ln.strip()), "").strip()
+
+
+def _check_tools() -> None:
+    for tool in ("cmake", "ninja"):
+        if shutil.which(tool) is None:
+            raise PortkitError(f"{tool} is not installed (apt-get install cmake ninja-build)")
+
+
+def configure(tree: Tree, folder: Path) -> Path:
+    """Configure the tree's CMake project into `folder` (once; later calls are no-ops)."""
+    _check_tools()
+    if not (folder / "build.ninja").is_file():
+        proc = run(["cmake", "-S", tree.llama_root, "-B", folder, "-G", "Ninja", *CMAKE_OPTIONS],
+                   check=False)
+        if proc.returncode != 0:
+            log = folder / "configure.log"
+            log.write_text(proc.stdout + proc.stderr)
+            raise PortkitError(f"cmake configure failed: {_first_error(proc.stderr)} (log: {log})")
+    return folder
+
+
+def ninja(folder: Path, targets: list[str]) -> None:
+    proc = run(["ninja", "-C", folder, *targets], check=False)
+    if proc.returncode != 0:
+        log = folder / "portkit-build.log"
+        log.write_text(proc.stdout + proc.stderr)
+        raise PortkitError(f"build failed: {_first_error(proc.stdout + proc.stderr)} (log: {log})")
+
+
+def compile_units(tree: Tree, files: list[str]) -> CompileResult:
+    """Compile the translation units among `files` (paths relative to the llama.cpp root).
+
+    With a CMake project at the llama.cpp root, through its own compile commands (the
+    tree's include paths and flags). Without one (an ollama-style fork keeps ggml apart and
+    builds from its own top-level project), with the include paths of the layout.
+    """
+    units = [f for f in files if f.endswith((".cpp", ".c", ".cc"))]
+    if not units:
+        return CompileResult([], "nothing to compile")
+    if (tree.llama_root / "CMakeLists.txt").is_file() and (tree.llama_root / "ggml").is_dir():
+        folder = configure(tree, build_dir(tree))
+        commands = json.loads((folder / "compile_commands.json").read_text())
+        by_file = {Path(c["file"]).resolve(): c for c in commands}
+        targets = []
+        for unit in units:
+            entry = by_file.get((tree.llama_root / unit).resolve())
+            if entry is None:
+                raise PortkitError(f"{unit} is not compiled by the tree's CMake project")
+            targets.append(entry.get("output") or _output_of(entry["command"]))
+        ninja(folder, targets)
+        return CompileResult(units, f"the tree's CMake project ({folder})")
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise PortkitError("no C++ compiler (apt-get install g++)")
+    includes = [tree.llama_root / "include", tree.llama_root / "src", tree.ggml_root / "include"]
+    for unit in units:
+        proc = run([compiler, "-std=c++17", "-fsyntax-only", "-Wall",
+                    *[f"-I{i}" for i in includes], tree.llama_root / unit], check=False)
+        if proc.returncode != 0:
+            raise PortkitError(f"{unit} does not compile: {_first_error(proc.stderr)}")
+    return CompileResult(units, "the layout's include paths (no CMake project at the llama.cpp "
+                                "root)")
+
+
+def _output_of(command: str) -> str:
+    parts = command.split()
+    return parts[parts.index("-o") + 1]
