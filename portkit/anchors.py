@@ -33,7 +33,17 @@ from typing import Any
 from tree_sitter import Node
 
 from portkit.errors import AnchorError, PortkitError
-from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, Symbol, flat, normalise, squash
+from portkit.index import (
+    CLASS,
+    DECLARATION,
+    FIELD,
+    FUNCTION,
+    Index,
+    Symbol,
+    flat,
+    normalise,
+    squash,
+)
 
 EXACT, ALIAS, STRUCTURE, SIMILARITY = "exact", "alias", "structure", "similarity"
 CONFIDENCE = {EXACT: 1.0, ALIAS: 0.95, STRUCTURE: 0.8}
@@ -291,8 +301,8 @@ class Resolver:
     def resolve(self, spec: AnchorSpec) -> Resolution:
         pool = self._candidates(spec)
         notes: list[str] = []
-        for strategy, names in ((EXACT, [spec.name]),
-                                (ALIAS, [n for n in qualname_variants(spec.name) if n != spec.name])):
+        older = [n for n in qualname_variants(spec.name) if n != spec.name]
+        for strategy, names in ((EXACT, [spec.name]), (ALIAS, older)):
             named = [s for s in pool if s.qualname in names]
             fitting = [s for s in named if not self.failures(spec, s)]
             if not fitting:

@@ -143,14 +143,31 @@ def transaction(files: list[Path], folders: list[Path]) -> Iterator[None]:
                 extra.unlink()
             for path, data in content.items():
                 _restore(path, data)
-        for path, data in saved.items():
-            _restore(path, data)
+        for path, original in saved.items():
+            _restore(path, original)
         raise
 
 
-def _read_state(tree: Tree, feature: str) -> dict[str, object] | None:
-    state = record_dir(tree, feature) / "state.json"
-    return json.loads(state.read_text()) if state.is_file() else None
+@dataclass(frozen=True)
+class Record:
+    """What `apply` left in <tree>/.portkit/<feature>/: the series and what it touched."""
+
+    folder: Path
+    files: list[str]
+    series_copies: list[str]
+
+    @property
+    def patches(self) -> list[Path]:
+        return sorted(self.folder.glob("*.patch"))
+
+
+def _read_record(tree: Tree, feature: str) -> Record | None:
+    folder = record_dir(tree, feature)
+    state = folder / "state.json"
+    if not state.is_file():
+        return None
+    data = json.loads(state.read_text())
+    return Record(folder, list(data.get("files", [])), list(data.get("series_copies", [])))
 
 
 def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
@@ -163,17 +180,15 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     if pin is not None and not force:
         check_pin(tree, pin)
     record = record_dir(tree, feature)
-    state = _read_state(tree, feature)
-    if state is not None:
-        recorded = sorted(record.glob("*.patch"))
+    previous = _read_record(tree, feature)
+    if previous is not None:
         try:
-            _check_series(tree, list(reversed(recorded)), list(state.get("files", [])),  # type: ignore[arg-type]
-                          reverse=True)
+            _check_series(tree, list(reversed(previous.patches)), previous.files, reverse=True)
         except PortkitError as exc:
             raise PortkitError(f"{feature} was applied by portkit, but the tree has changed since "
                                f"({exc.message}); see {record}") from exc
-        return Outcome(ALREADY, [(p.name, p.read_text()) for p in recorded],
-                       list(state.get("files", [])))  # type: ignore[arg-type]
+        return Outcome(ALREADY, [(p.name, p.read_text()) for p in previous.patches],
+                       previous.files)
     rendered = render(tree, feature)
     if rendered.present_upstream:
         return Outcome(PRESENT, rendered=rendered)
@@ -190,7 +205,7 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
         for name, text in mails:
             (record / name).write_text(text)
         _git_apply(tree.llama_root, sorted(record.glob("*.patch")))
-        for copy, (_, text) in zip(copies, mails):
+        for copy, (_, text) in zip(copies, mails, strict=False):  # no copies outside a fork
             copy.write_text(text)
         (record / "state.json").write_text(json.dumps({
             "feature": feature, "pin": tree.pin, "files": files,
@@ -205,13 +220,13 @@ def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     """Take out a series that `apply` put in, restoring the tree byte for byte."""
     if pin is not None and not force:
         check_pin(tree, pin)
-    record = record_dir(tree, feature)
-    state = _read_state(tree, feature)
-    if state is None:
-        raise PortkitError(f"{feature} is not applied to this tree (no record in {record})")
-    recorded = sorted(record.glob("*.patch"))
-    files = list(state.get("files", []))  # type: ignore[arg-type]
-    copies = [tree.root / c for c in state.get("series_copies", [])]  # type: ignore[union-attr]
+    record = _read_record(tree, feature)
+    if record is None:
+        raise PortkitError(f"{feature} is not applied to this tree "
+                           f"(no record in {record_dir(tree, feature)})")
+    recorded = record.patches
+    files = record.files
+    copies = [tree.root / c for c in record.series_copies]
     mails = [(p.name, p.read_text()) for p in recorded]
     if dry_run:
         return Outcome(DRY_RUN, mails, files)
@@ -220,7 +235,7 @@ def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
         _git_apply(tree.llama_root, list(reversed(recorded)), reverse=True)
         for copy in copies:
             copy.unlink(missing_ok=True)
-        shutil.rmtree(record)
+        shutil.rmtree(record.folder)
         portkit_dir = tree.root / ".portkit"
         if portkit_dir.is_dir() and not any(portkit_dir.iterdir()):
             portkit_dir.rmdir()

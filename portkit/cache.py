@@ -1,4 +1,7 @@
-"""Where portkit keeps what it downloads, unpacks and computes: $PORTKIT_CACHE or ~/.cache/portkit."""
+"""Where portkit keeps what it downloads, unpacks and computes.
+
+$PORTKIT_CACHE, or ~/.cache/portkit.
+"""
 
 from __future__ import annotations
 

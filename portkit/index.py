@@ -3,8 +3,8 @@
 Each file yields classes and structs (with their fields and method declarations), function
 and method definitions and declarations (in-class and out-of-class, static, templates) with
 qualified names, parameter types, return types, byte and line ranges, and a normalised
-fingerprint of each body. What a body calls is read from its text on demand. Parse errors (macro-heavy code) are
-recorded per file and per symbol; they never stop the index.
+fingerprint of each body. What a body calls is read from its text on demand. Parse errors
+(macro-heavy code) are recorded per file and per symbol; they never stop the index.
 """
 
 from __future__ import annotations
@@ -156,10 +156,6 @@ class _Extractor:
             self.add_function(node, scope, in_class=in_class)
         elif kind in {"declaration", "field_declaration"}:
             self.add_declaration(node, scope, in_class=in_class)
-        elif kind in {"type_definition", "alias_declaration"}:
-            return
-        elif kind == "expression_statement" or kind.startswith("preproc_"):
-            return
 
     def add_class(self, node: Node, scope: str) -> None:
         body = node.child_by_field_name("body")

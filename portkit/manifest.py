@@ -94,7 +94,7 @@ def load_manifest(folder: Path) -> Manifest:
         for edit in edits:
             if edit.fragment and not (folder / "fragments" / edit.fragment).is_file():
                 raise PortkitError(f"{where}: no fragment {edit.fragment}")
-    return Manifest(feature.get("name", folder.name), feature.get("title", folder.name),
-                    feature.get("upstream", ""), feature.get("author", "portkit <portkit@localhost>"),
-                    feature.get("date", "Thu, 1 Jan 1970 00:00:00 +0000"), variables,
-                    tuple(patches), folder)
+    return Manifest(
+        feature.get("name", folder.name), feature.get("title", folder.name),
+        feature.get("upstream", ""), feature.get("author", "portkit <portkit@localhost>"),
+        feature.get("date", "Thu, 1 Jan 1970 00:00:00 +0000"), variables, tuple(patches), folder)

@@ -17,7 +17,7 @@ def run(
     check: bool = True,
     capture: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command; on failure raise a PortkitError naming the command and its last output line."""
+    """Run a command; on failure raise a PortkitError naming it and its last output line."""
     argv = [str(a) for a in args]
     try:
         proc = subprocess.run(

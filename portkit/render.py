@@ -18,7 +18,7 @@ from portkit.anchors import Resolution
 from portkit.errors import AnchorError, PortkitError
 from portkit.features import feature_dir, resolve_feature
 from portkit.index import Index, flat
-from portkit.manifest import SYMBOL_PLACES, Condition, EditSpec, Manifest, PatchSpec, load_manifest
+from portkit.manifest import Condition, EditSpec, Manifest, PatchSpec, load_manifest
 from portkit.series import MailPatch, file_name, unified_diff
 from portkit.tree import Tree
 
@@ -104,7 +104,8 @@ class _Renderer:
 
     def resolution(self, anchor_id: str) -> Resolution:
         if anchor_id not in self.res:
-            raise PortkitError(f"{self.manifest.feature}: manifest names unknown anchor {anchor_id}")
+            raise PortkitError(f"{self.manifest.feature}: the manifest names an unknown anchor "
+                               f"{anchor_id}")
         res = self.res[anchor_id]
         if res.status == "error":
             raise AnchorError(res.note)
@@ -129,7 +130,8 @@ class _Renderer:
         res = self.res.get(cond.anchor)
         if res is None or not res.found or res.symbol is None:
             return False
-        if cond.has is not None and cond.has not in {m.name for m in self.index.members(res.symbol)}:
+        members = {m.name for m in self.index.members(res.symbol)}
+        if cond.has is not None and cond.has not in members:
             return False
         return cond.contains is None or flat(cond.contains) in flat(self.index.text(res.symbol))
 
@@ -145,8 +147,9 @@ class _Renderer:
             old = self.env.from_string(edit.replace["old"]).render(context)
             new = self.env.from_string(edit.replace["new"]).render(context)
             if statement.count(old) != 1:
+                first = statement.splitlines()[0].strip()
                 raise AnchorError(f"anchor {edit.anchor}.{edit.where}: expected {old!r} once in "
-                                  f"{statement.splitlines()[0].strip()!r} ({sym.file}:{point.line})")
+                                  f"{first!r} ({sym.file}:{point.line})")
             at = point.start + len(statement[: statement.index(old)].encode())
             return Splice(sym.file, at, at + len(old.encode()), new, order)
         text = (self.env.get_template(edit.fragment).render(context) if edit.fragment

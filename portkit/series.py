@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 
 from portkit.errors import PortkitError
 

@@ -134,7 +134,8 @@ def _publish(tmp: Path, dest: Path) -> Path:
 def _fetch_pypi(requirement: str) -> Path:
     m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][\w.]*)", requirement)
     if not m:
-        raise PortkitError(f"pypi spec must pin a version, e.g. pypi:llama-cpp-python==0.3.17: {requirement}")
+        raise PortkitError("pypi spec must pin a version, e.g. pypi:llama-cpp-python==0.3.17: "
+                           f"{requirement}")
     name, version = m.group(1), m.group(2)
     dest = cache_dir("trees") / f"{name}-{version}"
     if (dest / "vendor" / "llama.cpp" / "src").is_dir():
@@ -192,7 +193,8 @@ def _fetch_git(spec: str) -> Path:
             repo = git.Repo.clone_from(url, mirror, bare=True, mirror=True)
         sha = repo.rev_parse(rev).hexsha
     except (git.GitCommandError, git.BadName, ValueError) as exc:
-        raise PortkitError(f"cannot fetch {rev} from {url}: {str(exc).strip().splitlines()[-1]}") from exc
+        last = str(exc).strip().splitlines()[-1]
+        raise PortkitError(f"cannot fetch {rev} from {url}: {last}") from exc
     dest = cache_dir("trees") / f"git-{_key(url)}-{sha[:12]}"
     if dest.is_dir():
         return dest

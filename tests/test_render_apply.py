@@ -323,6 +323,7 @@ def test_git_am_of_the_ollama_series_reproduces_the_vendored_change(registry_tre
         repo.git.commit("-qm", "base")
         ours = sorted((fork / "llama" / "patches").glob("000[2-9]-*.patch"))
         repo.git.am(*[str(p) for p in ours])
-    diff = subprocess.run(["diff", "-r", str(base / "src"), str(fork / "llama" / "llama.cpp" / "src")],
+    vendored = fork / "llama" / "llama.cpp" / "src"
+    diff = subprocess.run(["diff", "-r", str(base / "src"), str(vendored)],
                           capture_output=True, text=True)
     assert diff.returncode == 0, diff.stdout[:2000]
