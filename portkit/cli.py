@@ -78,8 +78,10 @@ def tree() -> None:
 
 @tree.command("fetch")
 @click.argument("spec")
+@click.option("--into", type=click.Path(path_type=Path),
+              help="Also copy the tree to this new folder (a tree of your own to patch).")
 @fails_cleanly
-def tree_fetch(spec: str) -> None:
+def tree_fetch(spec: str, into: Path | None) -> None:
     """Put the tree named by SPEC in the cache and print its path.
 
     \b
@@ -87,9 +89,11 @@ def tree_fetch(spec: str) -> None:
       DIR                          a local tree (copied)
       git:URL@REV                  a git repository at a commit (local path or file:// too)
       pypi:llama-cpp-python==X     the llama.cpp tree vendored in that sdist (checksummed)
-    The cache is $PORTKIT_CACHE, or ~/.cache/portkit.
+    The cache is $PORTKIT_CACHE, or ~/.cache/portkit. Patch a copy (--into), never the
+    cached tree itself.
     """
-    click.echo(tree_mod.fetch(spec))
+    path = tree_mod.fetch(spec)
+    click.echo(tree_mod.copy_tree(path, into) if into else path)
 
 
 @tree.command("info")

@@ -217,6 +217,14 @@ def _fetch_local(path: Path) -> Path:
     return published
 
 
+def copy_tree(tree_path: Path, dest: Path) -> Path:
+    """A private, writable copy of a (cached) tree at `dest`, which must not exist yet."""
+    if dest.exists():
+        raise PortkitError(f"{dest} exists already")
+    shutil.copytree(tree_path, dest, symlinks=True)
+    return dest
+
+
 def fetch(spec: str) -> Path:
     """Put the tree named by SPEC in the cache and return its path."""
     if spec.startswith("pypi:"):
