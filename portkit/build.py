@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from portkit.cache import cache_dir
 from portkit.errors import PortkitError
-from portkit.proc import run
+from portkit.proc import run, stream
 from portkit.tree import Tree
+
+HARNESS = Path(__file__).parent / "harness" / "rotation_checks.cpp"
 
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
@@ -48,12 +53,18 @@ def _check_tools() -> None:
             raise PortkitError(f"{tool} is not installed (apt-get install cmake ninja-build)")
 
 
-def configure(tree: Tree, folder: Path) -> Path:
+def _ccache_env(llama_root: Path) -> dict[str, str]:
+    """Paths relative to the tree, so that copies of one tree share their ccache entries."""
+    return {**os.environ, "CCACHE_BASEDIR": str(llama_root.resolve()), "CCACHE_NOHASHDIR": "1"}
+
+
+def configure(llama_root: Path, folder: Path) -> Path:
     """Configure the tree's CMake project into `folder` (once; later calls are no-ops)."""
     _check_tools()
     if not (folder / "build.ninja").is_file():
-        proc = run(["cmake", "-S", tree.llama_root, "-B", folder, "-G", "Ninja", *CMAKE_OPTIONS],
-                   check=False)
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = run(["cmake", "-S", llama_root, "-B", folder, "-G", "Ninja", *CMAKE_OPTIONS],
+                   check=False, env=_ccache_env(llama_root))
         if proc.returncode != 0:
             log = folder / "configure.log"
             log.write_text(proc.stdout + proc.stderr)
@@ -61,12 +72,50 @@ def configure(tree: Tree, folder: Path) -> Path:
     return folder
 
 
-def ninja(folder: Path, targets: list[str]) -> None:
-    proc = run(["ninja", "-C", folder, *targets], check=False)
-    if proc.returncode != 0:
-        log = folder / "portkit-build.log"
-        log.write_text(proc.stdout + proc.stderr)
-        raise PortkitError(f"build failed: {_first_error(proc.stdout + proc.stderr)} (log: {log})")
+class _Progress:
+    """Build progress on stderr: a line every tenth of the way, not every compile."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.shown = -1
+
+    def __call__(self, line: str) -> None:
+        m = re.match(r"\[(\d+)/(\d+)\]", line)
+        if m:
+            done, total = int(m.group(1)), int(m.group(2))
+            step = done * 10 // total
+            if step != self.shown:
+                self.shown = step
+                sys.stderr.write(f"  {self.label}: {done}/{total}\n")
+
+
+def ninja(llama_root: Path, folder: Path, targets: list[str], label: str = "build") -> None:
+    log = folder / "portkit-build.log"
+    code = stream(["ninja", "-C", folder, *targets], log, on_line=_Progress(label),
+                  env=_ccache_env(llama_root))
+    if code != 0:
+        raise PortkitError(f"build failed: {_first_error(log.read_text())} (log: {log})")
+
+
+def build_tools(llama_root: Path, folder: Path, targets: list[str], label: str) -> Path:
+    """Configure and build `targets` of the tree, plus portkit's harness; return the bin dir."""
+    configure(llama_root, folder)
+    ninja(llama_root, folder, [*targets, "llama"], label)
+    bin_dir = folder / "bin"
+    harness = bin_dir / "portkit-rotation-checks"
+    header = (llama_root / "include" / "llama.h").read_text()
+    flags = [] if "flash_attn_type" in header else ["-DPORTKIT_FLASH_ATTN_BOOL"]
+    compiler = shutil.which("c++") or shutil.which("g++") or "c++"
+    if not harness.is_file() or harness.stat().st_mtime < max(
+            HARNESS.stat().st_mtime, (bin_dir / "libllama.so").stat().st_mtime):
+        proc = run([compiler, "-std=c++17", "-O2", *flags, HARNESS,
+                    f"-I{llama_root / 'include'}", f"-I{llama_root / 'ggml' / 'include'}",
+                    f"-L{bin_dir}", "-lllama", "-lggml", "-lggml-base",
+                    f"-Wl,-rpath,{bin_dir}", "-o", harness], check=False)
+        if proc.returncode != 0:
+            raise PortkitError(f"the validation harness does not build against {llama_root}: "
+                               f"{_first_error(proc.stderr)}")
+    return bin_dir
 
 
 def compile_units(tree: Tree, files: list[str]) -> CompileResult:
@@ -80,7 +129,7 @@ def compile_units(tree: Tree, files: list[str]) -> CompileResult:
     if not units:
         return CompileResult([], "nothing to compile")
     if (tree.llama_root / "CMakeLists.txt").is_file() and (tree.llama_root / "ggml").is_dir():
-        folder = configure(tree, build_dir(tree))
+        folder = configure(tree.llama_root, build_dir(tree))
         commands = json.loads((folder / "compile_commands.json").read_text())
         by_file = {Path(c["file"]).resolve(): c for c in commands}
         targets = []
@@ -89,7 +138,7 @@ def compile_units(tree: Tree, files: list[str]) -> CompileResult:
             if entry is None:
                 raise PortkitError(f"{unit} is not compiled by the tree's CMake project")
             targets.append(entry.get("output") or _output_of(entry["command"]))
-        ninja(folder, targets)
+        ninja(tree.llama_root, folder, targets, "compile")
         return CompileResult(units, f"the tree's CMake project ({folder})")
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:

@@ -19,21 +19,23 @@ def templates_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "templates"
 
 
-def feature_dir(feature: str) -> Path:
-    path = templates_root() / feature
+def feature_dir(feature: str, templates: Path | None = None) -> Path:
+    root = templates or templates_root()
+    path = root / feature
     if not (path / "anchors.toml").is_file():
-        known = sorted(p.name for p in templates_root().glob("*/anchors.toml") for p in [p.parent])
+        known = sorted(p.parent.name for p in root.glob("*/anchors.toml"))
         raise PortkitError(f"unknown feature {feature!r} (known: {', '.join(known) or 'none'})")
     return path
 
 
-def load_anchors(feature: str) -> AnchorSet:
-    return load_anchor_set(feature_dir(feature) / "anchors.toml")
+def load_anchors(feature: str, templates: Path | None = None) -> AnchorSet:
+    return load_anchor_set(feature_dir(feature, templates) / "anchors.toml")
 
 
-def resolve_feature(tree: Tree, feature: str) -> tuple[Index, dict[str, Resolution]]:
+def resolve_feature(tree: Tree, feature: str,
+                    templates: Path | None = None) -> tuple[Index, dict[str, Resolution]]:
     """Index the files the feature's anchors look at, and resolve every anchor."""
-    anchor_set = load_anchors(feature)
+    anchor_set = load_anchors(feature, templates)
     index = Index.build(tree.llama_root, anchor_set.patterns())
     if not index.files:
         raise PortkitError(f"no source files of feature {feature} under {tree.llama_root}")

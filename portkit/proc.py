@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from portkit.errors import PortkitError
@@ -31,3 +31,24 @@ def run(
         name = " ".join(a for a in argv[:4] if not a.startswith("--"))
         raise PortkitError(f"{name} failed (exit {proc.returncode}): {last}")
     return proc
+
+
+def stream(
+    args: Sequence[str | Path],
+    log: Path,
+    *,
+    on_line: Callable[[str], None],
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run a long command with its output going to `log`, calling `on_line` for each line
+    (for a progress display); return its exit code."""
+    argv = [str(a) for a in args]
+    with log.open("w") as out, subprocess.Popen(
+        argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            on_line(line.rstrip("\n"))
+        return proc.wait()

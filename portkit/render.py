@@ -235,10 +235,10 @@ class _Renderer:
                 f"({self.tree.layout} tree).")
 
 
-def render(tree: Tree, feature: str) -> Rendered:
+def render(tree: Tree, feature: str, templates: Path | None = None) -> Rendered:
     """Resolve the feature's anchors in `tree` and render its patch series."""
-    manifest = load_manifest(feature_dir(feature))
-    index, resolutions = resolve_feature(tree, feature)
+    manifest = load_manifest(feature_dir(feature, templates))
+    index, resolutions = resolve_feature(tree, feature, templates)
     return _Renderer(tree, manifest, index, resolutions).render()
 
 
