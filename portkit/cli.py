@@ -205,9 +205,11 @@ def render_cmd(tree_path: Path, feature: str, out: Path) -> None:
 @click.option("--force", is_flag=True, help="Skip the pin check.")
 @click.option("--compile", "compile_check", is_flag=True,
               help="Compile the translation units the series touches; take it out if they fail.")
+@click.option("--validate", "then_validate", is_flag=True,
+              help="Then run `portkit validate --quick` on the patched tree.")
 @fails_cleanly
 def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, reverse: bool,
-              force: bool, compile_check: bool) -> None:
+              force: bool, compile_check: bool, then_validate: bool) -> None:
     """Port a feature onto the tree: verify the pin, render, apply all or nothing.
 
     \b
@@ -255,6 +257,11 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
                 click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
     if outcome.compiled is not None:
         click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
+    if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
+        report = validate_mod.validate(tree_mod.detect(tree_path), feature)
+        click.echo(report.text())
+        if not report.passed:
+            sys.exit(1)
 
 
 @cli.command("validate")

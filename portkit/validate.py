@@ -48,7 +48,16 @@ KLD_TOLERANCE = 0.01  # relative, against upstream's figure
 SHIFT_FACTOR, SHIFT_SLACK = 1.5, 0.005  # patched shift KLD <= factor * unpatched + slack
 
 PASS, FAIL, DOCUMENTED = "pass", "fail", "documented"
-_IGNORE = shutil.ignore_patterns("build", "build-*", ".git", ".portkit", "__pycache__")
+_SKIP = {".git", ".portkit", "__pycache__"}
+
+
+def _ignore(root: Path) -> Any:
+    """copytree's ignore: VCS and cache folders anywhere, build folders at the tree's top."""
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        top = Path(folder) == root
+        return {n for n in names if n in _SKIP
+                or (top and n.startswith("build") and (Path(folder) / n).is_dir())}
+    return ignore
 
 
 @dataclass
@@ -104,8 +113,9 @@ class Report:
 def _tree_key(root: Path) -> str:
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in {".git", ".portkit"}
-                             and not d.startswith("build"))
+        top = Path(dirpath) == root
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in _SKIP and not (top and d.startswith("build")))
         for name in sorted(filenames):
             path = Path(dirpath) / name
             digest.update(str(path.relative_to(root)).encode())
@@ -144,7 +154,8 @@ class Workspace:
             return root, False
         if root.exists():
             shutil.rmtree(root)
-        shutil.copytree(self.source("unpatched"), root, symlinks=True, ignore=_IGNORE)
+        shutil.copytree(self.source("unpatched"), root, symlinks=True,
+                        ignore=_ignore(self.source("unpatched")))
         marker.unlink(missing_ok=True)
         return root, True
 
@@ -154,7 +165,8 @@ class Workspace:
             _progress(f"copying the tree into {self.folder}")
             if unpatched.exists():
                 shutil.rmtree(unpatched)
-            shutil.copytree(self.tree.llama_root, unpatched, symlinks=True, ignore=_IGNORE)
+            shutil.copytree(self.tree.llama_root, unpatched, symlinks=True,
+                            ignore=_ignore(self.tree.llama_root))
             record = _read_record(self.tree, self.feature)
             if record is not None:  # the tree carries the port: validate against it taken out
                 _git_apply(unpatched, list(reversed(record.patches)), reverse=True)
@@ -244,9 +256,10 @@ class Runner:
         if not _fresh(log, binary) or (write_base and not base.is_file()):
             _progress(f"llama-perplexity {variant} {model} {config}"
                       + (" LLAMA_ATTN_ROT_DISABLE=1" if disable else ""))
-            args = [binary, "-m", model_path(model), "-f", TEXT, "-c", "512", "--chunks", "8",
-                    "-t", "2", *self._fa(variant), "-ctk", ctk, "-ctv", ctv,
-                    "--kl-divergence-base", base]
+            args: list[str | Path] = [
+                binary, "-m", model_path(model), "-f", TEXT, "-c", "512", "--chunks", "8",
+                "-t", "2", *self._fa(variant), "-ctk", ctk, "-ctv", ctv,
+                "--kl-divergence-base", base]
             args += [] if write_base else ["--kl-divergence"]
             env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if disable else "0"}
             proc = run(args, env=env, check=False)
@@ -269,7 +282,7 @@ class Runner:
         if not _fresh(log, binary):
             _progress(f"harness {mode} {variant} {model} {config}"
                       + (" LLAMA_ATTN_ROT_DISABLE=1" if disable else ""))
-            args = [binary, mode, model_path(model), TEXT, ctk, ctv]
+            args: list[str | Path] = [binary, mode, model_path(model), TEXT, ctk, ctv]
             args += [out] if mode == "logits" else []
             env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if disable else "0"}
             proc = run(args, env=env, cwd=self.ws.runs, check=False)
@@ -405,7 +418,7 @@ def validate(tree: Tree, feature: str, *, full: bool = False, models: list[str] 
         ref_ws.source("unpatched").parent.mkdir(parents=True, exist_ok=True)
         if not ref_ws.source("unpatched").is_dir():
             shutil.copytree(reference.llama_root, ref_ws.source("unpatched"), symlinks=True,
-                            ignore=_IGNORE)
+                            ignore=_ignore(reference.llama_root))
         live = Runner(ref_ws)
     chosen = models or ([QUICK_MODEL, FULL_MODEL] if full else [QUICK_MODEL])
     checks: list[Check] = []
