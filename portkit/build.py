@@ -54,8 +54,10 @@ def _check_tools() -> None:
 
 
 def _ccache_env(llama_root: Path) -> dict[str, str]:
-    """Paths relative to the tree, so that copies of one tree share their ccache entries."""
-    return {**os.environ, "CCACHE_BASEDIR": str(llama_root.resolve()), "CCACHE_NOHASHDIR": "1"}
+    """Paths relative to the folder holding the tree (and, in a workspace, its build), so
+    that copies of one tree share their ccache entries."""
+    return {**os.environ, "CCACHE_BASEDIR": str(llama_root.resolve().parent),
+            "CCACHE_NOHASHDIR": "1"}
 
 
 def configure(llama_root: Path, folder: Path) -> Path:

@@ -258,7 +258,8 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
     if outcome.compiled is not None:
         click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
     if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
-        report = validate_mod.validate(tree_mod.detect(tree_path), feature)
+        reference = tree_mod.detect(tree_mod.fetch(validate_mod.DEFAULT_REFERENCE))
+        report = validate_mod.validate(tree_mod.detect(tree_path), feature, reference=reference)
         click.echo(report.text())
         if not report.passed:
             sys.exit(1)
@@ -273,14 +274,17 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
               help="Also Qwen2.5-Coder-0.5B (qwen2) and the q8_0/q4_0, f16/q4_0 caches.")
 @click.option("--model", "models", multiple=True,
               help="smollm2, qwen2.5-coder-0.5b, or a .gguf file (repeatable).")
-@click.option("--reference", "reference", type=click.Path(path_type=Path),
-              help="A tree with upstream's own rotation (e.g. llama-cpp-python 0.3.20's) to "
-                   "compare with live, instead of the figures upstream published.")
+@click.option("--reference", default=validate_mod.DEFAULT_REFERENCE, show_default=True,
+              help="A tree with upstream's own rotation (a path or a `tree fetch` spec), built "
+                   "and run side by side as the reference for check b.")
+@click.option("--published", is_flag=True,
+              help="Compare with the figures upstream published instead of a live reference "
+                   "run (they were measured on another machine: expect small differences).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True)
 @fails_cleanly
 def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ...],
-                 reference: Path | None, fmt: str) -> None:
+                 reference: str, published: bool, fmt: str) -> None:
     """Build the unpatched and the patched tree, run real models, and prove the port.
 
     \b
@@ -293,7 +297,7 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     Exits 1 when a check fails.
     """
     info = tree_mod.detect(tree_path)
-    ref = tree_mod.detect(reference) if reference else None
+    ref = None if published else tree_mod.detect(tree_mod.fetch(reference))
     report = validate_mod.validate(info, feature, full=mode == "full",
                                    models=list(models) or None, reference=ref)
     if fmt == "json":
