@@ -20,6 +20,7 @@ or at `body-start` / `body-end`.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import itertools
 import re
 import tomllib
@@ -255,6 +256,7 @@ class Resolver:
     def __init__(self, index: Index) -> None:
         self.index = index
         self._trees: dict[str, Node] = {}
+        self._file_sets: dict[tuple[str, ...], list[str]] = {}
 
     # predicates -------------------------------------------------------------------------
 
@@ -285,11 +287,16 @@ class Resolver:
             failed += [f"has member {m}" for m in spec.has if canonical(m) not in members]
         return failed
 
+    def _files(self, patterns: tuple[str, ...]) -> list[str]:
+        if patterns not in self._file_sets:
+            self._file_sets[patterns] = [f for f in self.index.files if not patterns
+                                         or any(fnmatch.fnmatchcase(f, p) for p in patterns)]
+        return self._file_sets[patterns]
+
     def _candidates(self, spec: AnchorSpec) -> list[Symbol]:
         kinds = _KINDS[spec.what]
-        files = [f for f in self.index.files
-                 if not spec.files or any(Path(f).match(p) for p in spec.files)]
-        return [s for f in files for s in self.index.files[f].symbols if s.kind in kinds]
+        return [s for f in self._files(spec.files) for s in self.index.files[f].symbols
+                if s.kind in kinds]
 
     def similarity(self, spec: AnchorSpec, sym: Symbol) -> float:
         want = _shingles(normalise(spec.similar_to))
@@ -399,8 +406,10 @@ class Resolver:
             if named:
                 return self._statement_point(point, src, named[-1].start_byte, named[-1].end_byte)
         pattern = flat(target)
+        word = max(re.findall(r"\w+", target), key=len, default="").encode()
         matching = [n for n in self.statements(sym)
-                    if pattern in flat(src[n.start_byte : n.end_byte].decode("utf-8", "replace"))]
+                    if word in src[n.start_byte : n.end_byte]
+                    and pattern in flat(src[n.start_byte : n.end_byte].decode("utf-8", "replace"))]
         inner = [n for n in matching if not any(
             m is not n and n.start_byte <= m.start_byte and m.end_byte <= n.end_byte
             for m in matching)]

@@ -350,9 +350,11 @@ class Index:
         self.symbols = [s for f in self.files.values() for s in f.symbols]
         self.by_qualname: dict[str, list[Symbol]] = defaultdict(list)
         self.by_name: dict[str, list[Symbol]] = defaultdict(list)
+        self.by_scope: dict[str, list[Symbol]] = defaultdict(list)
         for sym in self.symbols:
             self.by_qualname[sym.qualname].append(sym)
             self.by_name[sym.name].append(sym)
+            self.by_scope[sym.scope].append(sym)
         self._text: dict[str, bytes] = {}
 
     @classmethod
@@ -378,9 +380,8 @@ class Index:
         return {m for m in _CALL.findall(body) if m not in _NOT_CALLS}
 
     def members(self, cls_sym: Symbol) -> list[Symbol]:
-        return [s for s in self.symbols
-                if s.scope == cls_sym.qualname and s.file == cls_sym.file
-                and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
+        return [s for s in self.by_scope.get(cls_sym.qualname, ())
+                if s.file == cls_sym.file and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
 
     def tree_of(self, rel: str) -> Node:
         return parse_tree(self.source(rel)).root_node
