@@ -42,3 +42,9 @@ def small_tree(registry_tree: Callable[[str], Path], tmp_path: Path) -> Callable
         return copy_sources(registry_tree(version), tmp_path / f"llama-{version}")
 
     return make
+
+
+def rope_shift_span(text: str) -> tuple[int, int]:
+    """Byte span of the definition of llama_kv_cache::build_rope_shift in llama-kv-cache.cpp."""
+    start = text.index("ggml_tensor * llama_kv_cache::build_rope_shift(")
+    return start, text.index("\n}\n", start) + 3

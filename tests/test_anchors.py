@@ -16,7 +16,7 @@ from portkit.features import load_anchors, resolve_feature
 from portkit.index import DECLARATION, FIELD, Index
 from portkit.tree import detect
 
-from .conftest import REGISTRY_VERSIONS
+from .conftest import REGISTRY_VERSIONS, rope_shift_span
 from .test_tree import make_ollama_fork
 
 
@@ -135,8 +135,7 @@ def test_deleted_target_is_a_clear_error(small_tree):
     root = small_tree("0.3.17")
     src = root / "src" / "llama-kv-cache.cpp"
     text = src.read_text()
-    start = text.index("ggml_tensor * llama_kv_cache::build_rope_shift(")
-    end = text.index("\n}\n", start) + 3
+    start, end = rope_shift_span(text)
     src.write_text(text[:start] + text[end:])
     result = CliRunner().invoke(cli, ["anchors", "--tree", str(root)])
     assert result.exit_code == 3
@@ -170,8 +169,7 @@ def test_two_lookalikes_are_ambiguous_never_a_silent_pick(small_tree):
     root = small_tree("0.3.17")
     src = root / "src" / "llama-kv-cache.cpp"
     text = src.read_text()
-    start = text.index("ggml_tensor * llama_kv_cache::build_rope_shift(")
-    end = text.index("\n}\n", start) + 3
+    start, end = rope_shift_span(text)
     body = text[start:end]
     twins = body.replace("build_rope_shift", "rope_shift_a") + "\n" + body.replace(
         "build_rope_shift", "rope_shift_b")

@@ -19,7 +19,7 @@ from portkit.errors import PortkitError
 from portkit.render import NOT_APPLICABLE, PRESENT, RENDERED, render
 from portkit.tree import detect
 
-from .conftest import copy_sources
+from .conftest import copy_sources, rope_shift_span
 from .test_tree import make_ollama_fork
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -204,8 +204,8 @@ def test_deleted_anchor_fails_cleanly(registry_tree, tmp_path):
     tree = sdist_copy(registry_tree, "0.3.17", tmp_path / "t")
     src = tree / "vendor" / "llama.cpp" / "src" / "llama-kv-cache.cpp"
     text = src.read_text()
-    start = text.index("ggml_tensor * llama_kv_cache::build_rope_shift(")
-    src.write_text(text[:start] + text[text.index("\n}\n", start) + 3 :])
+    start, end = rope_shift_span(text)
+    src.write_text(text[:start] + text[end:])
     before = snapshot(tree)
     result = invoke("apply", "--pin", pin_of(tree), "--tree", str(tree))
     assert result.exit_code == 3
