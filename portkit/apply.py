@@ -66,7 +66,7 @@ def _scratch_git_dir() -> Path:
     return path
 
 
-def _git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None:
+def git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None:
     """`git apply` of a series, in order, with paths relative to `root`. git checks every
     hunk of every patch before it writes anything. (Its --check mode cannot be used for a
     series: it checks each patch against the files as they are, not as the earlier
@@ -85,7 +85,7 @@ def _check_series(tree: Tree, patches: list[Path], files: list[str], *,
             if src.is_file():
                 (Path(scratch) / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, Path(scratch) / rel)
-        _git_apply(Path(scratch), patches, reverse=reverse)
+        git_apply(Path(scratch), patches, reverse=reverse)
 
 
 def _refuse_dirty(tree: Tree, files: list[str]) -> None:
@@ -161,7 +161,7 @@ class Record:
         return sorted(self.folder.glob("*.patch"))
 
 
-def _read_record(tree: Tree, feature: str) -> Record | None:
+def read_record(tree: Tree, feature: str) -> Record | None:
     folder = record_dir(tree, feature)
     state = folder / "state.json"
     if not state.is_file():
@@ -180,7 +180,7 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     if pin is not None and not force:
         check_pin(tree, pin)
     record = record_dir(tree, feature)
-    previous = _read_record(tree, feature)
+    previous = read_record(tree, feature)
     if previous is not None:
         try:
             _check_series(tree, list(reversed(previous.patches)), previous.files, reverse=True)
@@ -204,7 +204,7 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
         record.mkdir(parents=True, exist_ok=True)
         for name, text in mails:
             (record / name).write_text(text)
-        _git_apply(tree.llama_root, sorted(record.glob("*.patch")))
+        git_apply(tree.llama_root, sorted(record.glob("*.patch")))
         for copy, (_, text) in zip(copies, mails, strict=False):  # no copies outside a fork
             copy.write_text(text)
         (record / "state.json").write_text(json.dumps({
@@ -220,7 +220,7 @@ def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     """Take out a series that `apply` put in, restoring the tree byte for byte."""
     if pin is not None and not force:
         check_pin(tree, pin)
-    record = _read_record(tree, feature)
+    record = read_record(tree, feature)
     if record is None:
         raise PortkitError(f"{feature} is not applied to this tree "
                            f"(no record in {record_dir(tree, feature)})")
@@ -232,7 +232,7 @@ def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
         return Outcome(DRY_RUN, mails, files)
     _refuse_unwritable([tree.llama_root / f for f in files])
     with transaction([tree.llama_root / f for f in files] + copies, [tree.root / ".portkit"]):
-        _git_apply(tree.llama_root, list(reversed(recorded)), reverse=True)
+        git_apply(tree.llama_root, list(reversed(recorded)), reverse=True)
         for copy in copies:
             copy.unlink(missing_ok=True)
         shutil.rmtree(record.folder)

@@ -349,11 +349,9 @@ class Index:
         self.files = {f.path: f for f in files}
         self.symbols = [s for f in self.files.values() for s in f.symbols]
         self.by_qualname: dict[str, list[Symbol]] = defaultdict(list)
-        self.by_name: dict[str, list[Symbol]] = defaultdict(list)
         self.by_scope: dict[str, list[Symbol]] = defaultdict(list)
         for sym in self.symbols:
             self.by_qualname[sym.qualname].append(sym)
-            self.by_name[sym.name].append(sym)
             self.by_scope[sym.scope].append(sym)
         self._text: dict[str, bytes] = {}
 

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from unidiff.patch import PatchSet
 
-from portkit.errors import PortkitError
-
 
 @dataclass(frozen=True)
 class MailPatch:
@@ -68,20 +66,3 @@ def next_number(folder: Path) -> int:
     numbers = [int(m.group(1)) for p in folder.glob("*.patch")
                if (m := re.match(r"(\d{4})-", p.name))]
     return max(numbers, default=0) + 1
-
-
-def read_series(folder: Path) -> list[Path]:
-    """The .patch files of a series folder, in order."""
-    patches = sorted(folder.glob("*.patch"))
-    if not patches:
-        raise PortkitError(f"no .patch files in {folder}")
-    return patches
-
-
-def diff_of(mail: str) -> str:
-    """The diff part of a git-am mail (from the first `diff --git` to the signature)."""
-    start = mail.find("diff --git ")
-    if start < 0:
-        raise PortkitError("not a patch: no `diff --git` line")
-    end = mail.rfind("\n-- \n")
-    return mail[start : end + 1 if end > start else len(mail)]

@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from portkit.apply import _git_apply, _read_record
+from portkit.apply import git_apply, read_record
 from portkit.build import build_tools
 from portkit.cache import cache_dir
 from portkit.errors import PortkitError
@@ -168,9 +168,9 @@ class Workspace:
                 shutil.rmtree(unpatched)
             shutil.copytree(self.tree.llama_root, unpatched, symlinks=True,
                             ignore=_ignore(self.tree.llama_root))
-            record = _read_record(self.tree, self.feature)
+            record = read_record(self.tree, self.feature)
             if record is not None:  # the tree carries the port: validate against it taken out
-                _git_apply(unpatched, list(reversed(record.patches)), reverse=True)
+                git_apply(unpatched, list(reversed(record.patches)), reverse=True)
             (self.folder / "unpatched" / "prepared").write_text("")
         self._patch("patched", None)
         self._patch("broken", self._broken_templates())
@@ -186,7 +186,7 @@ class Workspace:
             series = self.folder / variant / "series"
             shutil.rmtree(series, ignore_errors=True)
             patches = write_series(rendered, series)
-            _git_apply(root, patches)
+            git_apply(root, patches)
             (self.folder / variant / "prepared").write_text(
                 hashlib.sha256(text.encode()).hexdigest())
 
