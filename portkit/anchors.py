@@ -80,6 +80,7 @@ def aliases_of(name: str) -> tuple[str, ...]:
     return _alias_groups().get(name, (name,))
 
 
+@cache
 def canonical(text: str) -> str:
     """`text` with every identifier replaced by today's name of its rename group."""
     return re.sub(r"[A-Za-z_]\w*", lambda m: aliases_of(m.group(0))[0], text)
@@ -89,6 +90,12 @@ def qualname_variants(qualname: str) -> list[str]:
     """All spellings of a qualified name through the alias groups of each component."""
     parts = [aliases_of(p) for p in qualname.split("::")]
     return ["::".join(combo) for combo in itertools.product(*parts)]
+
+
+@cache
+def _longest_word(text: str) -> str:
+    """The longest identifier-like word of `text`: a cheap filter before a layout-blind match."""
+    return max(re.findall(r"\w+", text), key=len, default="")
 
 
 # -- specs ------------------------------------------------------------------------------
@@ -263,29 +270,48 @@ class Resolver:
 
     def failures(self, spec: AnchorSpec, sym: Symbol) -> list[str]:
         """The structural predicates of `spec` that `sym` does not satisfy."""
-        failed: list[str] = []
+        return list(self._failures(spec, sym))
+
+    def fits(self, spec: AnchorSpec, sym: Symbol) -> bool:
+        """Whether `sym` satisfies every structural predicate (stops at the first failure)."""
+        return next(self._failures(spec, sym), None) is None
+
+    def _failures(self, spec: AnchorSpec, sym: Symbol) -> Iterator[str]:
+        if spec.static is not None and sym.is_static != spec.static:
+            yield "static" if spec.static else "not static"
         if spec.params is not None and [canonical(p) for p in sym.params] != [
             canonical(squash(p)) for p in spec.params
         ]:
-            failed.append(f"params {list(spec.params)}")
+            yield f"params {list(spec.params)}"
         if spec.params_first and (
             not sym.params or canonical(sym.params[0]) != canonical(squash(spec.params_first))
         ):
-            failed.append(f"first parameter {spec.params_first!r}")
+            yield f"first parameter {spec.params_first!r}"
         if spec.returns and canonical(sym.returns) != canonical(squash(spec.returns)):
-            failed.append(f"returns {spec.returns!r}")
-        if spec.static is not None and sym.is_static != spec.static:
-            failed.append("static" if spec.static else "not static")
-        calls = {canonical(c) for c in self.index.calls(sym)} if spec.calls else set()
-        failed += [f"calls {c}" for c in spec.calls if canonical(c) not in calls]
+            yield f"returns {spec.returns!r}"
+        for c in spec.calls:
+            if not self.index.calls_any(sym, aliases_of(canonical(c))):
+                yield f"calls {c}"
         if spec.contains or spec.lacks:
-            body = flat(self.index.body(sym) or self.index.text(sym))
-            failed += [f"contains {c!r}" for c in spec.contains if flat(c) not in body]
-            failed += [f"lacks {c!r}" for c in spec.lacks if flat(c) in body]
+            raw = self.index.body(sym) or self.index.text(sym)
+            body = None
+            for c in spec.contains:
+                if _longest_word(c) not in raw:
+                    yield f"contains {c!r}"
+                    continue
+                body = body if body is not None else flat(raw)
+                if flat(c) not in body:
+                    yield f"contains {c!r}"
+            for c in spec.lacks:
+                if _longest_word(c) in raw:
+                    body = body if body is not None else flat(raw)
+                    if flat(c) in body:
+                        yield f"lacks {c!r}"
         if spec.has:
             members = {canonical(m.name) for m in self.index.members(sym)}
-            failed += [f"has member {m}" for m in spec.has if canonical(m) not in members]
-        return failed
+            for m in spec.has:
+                if canonical(m) not in members:
+                    yield f"has member {m}"
 
     def _files(self, patterns: tuple[str, ...]) -> list[str]:
         if patterns not in self._file_sets:
@@ -311,7 +337,7 @@ class Resolver:
         older = [n for n in qualname_variants(spec.name) if n != spec.name]
         for strategy, names in ((EXACT, [spec.name]), (ALIAS, older)):
             named = [s for s in pool if s.qualname in names]
-            fitting = [s for s in named if not self.failures(spec, s)]
+            fitting = [s for s in named if self.fits(spec, s)]
             if not fitting:
                 notes += [f"{s.qualname} at {s.where} lacks " + ", ".join(self.failures(spec, s))
                           for s in named]
@@ -323,7 +349,7 @@ class Resolver:
                 return self._found(spec, strategy, CONFIDENCE[strategy], fitting[0], others,
                                    "; ".join(notes))
         if spec.structural:
-            fitting = [s for s in pool if not self.failures(spec, s)]
+            fitting = [s for s in pool if self.fits(spec, s)]
             if len(fitting) > 1:
                 self._ambiguous(spec, STRUCTURE, fitting)
             if fitting:
@@ -376,19 +402,41 @@ class Resolver:
             self._trees[rel] = self.index.tree_of(rel)
         return self._trees[rel]
 
-    def statements(self, sym: Symbol) -> Iterator[Node]:
-        """Statements of a function body, members of a class body, at any depth."""
+    def statements(self, sym: Symbol, word: bytes = b"") -> list[Node]:
+        """Statements of a function body, members of a class body, at any depth, in order.
+
+        With `word`, only those whose text contains it: the ancestors of its occurrences,
+        which spares walking the whole body.
+        """
         if sym.body_start < 0:
-            return
-        body = self._tree(sym.file).descendant_for_byte_range(sym.body_start, sym.body_end)
-        stack = [body] if body is not None else []
-        while stack:
-            node = stack.pop()
-            for child in node.named_children:
-                if node.type in _STATEMENT_PARENTS and child.type not in _PASS_THROUGH:
-                    yield child
-                if child.type != "comment":
-                    stack.append(child)
+            return []
+        root = self._tree(sym.file)
+        if not word:
+            body = root.descendant_for_byte_range(sym.body_start, sym.body_end)
+            found: list[Node] = []
+            stack = [body] if body is not None else []
+            while stack:
+                node = stack.pop()
+                for child in node.named_children:
+                    if node.type in _STATEMENT_PARENTS and child.type not in _PASS_THROUGH:
+                        found.append(child)
+                    if child.type != "comment":
+                        stack.append(child)
+            return sorted(found, key=lambda n: n.start_byte)
+        src = self.index.source(sym.file)
+        seen: dict[int, Node] = {}
+        at = src.find(word, sym.body_start, sym.body_end)
+        while at >= 0:
+            cur = root.descendant_for_byte_range(at, at + len(word))
+            while cur is not None and cur.id not in seen:
+                parent = cur.parent
+                if parent is None or parent.start_byte < sym.body_start:
+                    break
+                if parent.type in _STATEMENT_PARENTS and cur.type not in _PASS_THROUGH:
+                    seen[cur.id] = cur
+                cur = parent
+            at = src.find(word, at + 1, sym.body_end)
+        return sorted(seen.values(), key=lambda n: n.start_byte)
 
     def resolve_point(self, spec: AnchorSpec, sym: Symbol, point: PointSpec) -> Point:
         src = self.index.source(sym.file)
@@ -396,20 +444,20 @@ class Resolver:
             if sym.body_start < 0:
                 raise AnchorError(f"anchor {spec.id}.{point.name}: {sym.qualname} has no body")
             if point.at == "body-start":
-                return self._point(point, src, src.index(b"\n", sym.body_start) + 1)
-            return self._point(point, src, src.rindex(b"\n", 0, sym.body_end - 1) + 1)
+                return self._point(point, sym, src, src.index(b"\n", sym.body_start) + 1)
+            return self._point(point, sym, src, src.rindex(b"\n", 0, sym.body_end - 1) + 1)
         if point.after_param is not None:
             return self._param_point(spec, sym, point, src)
         target = point.before or point.after or ""
         if sym.kind == CLASS and re.fullmatch(r"\w+", target):
             named = [m for m in self.index.members(sym) if m.name == target]
             if named:
-                return self._statement_point(point, src, named[-1].start_byte, named[-1].end_byte)
+                member = named[-1]
+                return self._statement_point(point, sym, src, member.start_byte, member.end_byte)
         pattern = flat(target)
-        word = max(re.findall(r"\w+", target), key=len, default="").encode()
-        matching = [n for n in self.statements(sym)
-                    if word in src[n.start_byte : n.end_byte]
-                    and pattern in flat(src[n.start_byte : n.end_byte].decode("utf-8", "replace"))]
+        word = _longest_word(target).encode()
+        matching = [n for n in self.statements(sym, word)
+                    if pattern in flat(src[n.start_byte : n.end_byte].decode("utf-8", "replace"))]
         inner = [n for n in matching if not any(
             m is not n and n.start_byte <= m.start_byte and m.end_byte <= n.end_byte
             for m in matching)]
@@ -423,9 +471,10 @@ class Resolver:
                 f"{point.before or point.after!r}" + (f" within {point.within!r}" if point.within
                                                       else "") + (f" (lines {lines})" if lines
                                                                   else ""))
-        return self._statement_point(point, src, inner[0].start_byte, inner[0].end_byte)
+        return self._statement_point(point, sym, src, inner[0].start_byte, inner[0].end_byte)
 
-    def _statement_point(self, point: PointSpec, src: bytes, start: int, end: int) -> Point:
+    def _statement_point(self, point: PointSpec, sym: Symbol, src: bytes, start: int,
+                         end: int) -> Point:
         if point.before is not None:
             offset = src.rindex(b"\n", 0, start) + 1
             while offset > 1:  # a comment right above a statement belongs to it
@@ -436,7 +485,7 @@ class Resolver:
         else:
             eol = src.find(b"\n", end)
             offset = len(src) if eol < 0 else eol + 1
-        return self._point(point, src, offset, start, end)
+        return self._point(point, sym, src, offset, start, end)
 
     def _param_point(self, spec: AnchorSpec, sym: Symbol, point: PointSpec, src: bytes) -> Point:
         node = self._tree(sym.file).descendant_for_byte_range(sym.start_byte, sym.end_byte)
@@ -448,7 +497,8 @@ class Resolver:
                     tail = src[param.start_byte : param.end_byte].decode("utf-8", "replace")
                     if re.search(rf"\b{re.escape(point.after_param or '')}\s*$", tail):
                         end = src.find(b"\n", param.end_byte)
-                        return self._point(point, src, end + 1, param.start_byte, param.end_byte)
+                        return self._point(point, sym, src, end + 1, param.start_byte,
+                                           param.end_byte)
                 break
             stack.extend(reversed(cur.named_children))
         raise AnchorError(f"anchor {spec.id}.{point.name}: {sym.qualname} ({sym.where}) has no "
@@ -466,8 +516,12 @@ class Resolver:
         return False
 
     @staticmethod
-    def _point(point: PointSpec, src: bytes, offset: int, start: int = -1, end: int = -1) -> Point:
-        line = src.count(b"\n", 0, offset) + 1
+    def _point(point: PointSpec, sym: Symbol, src: bytes, offset: int, start: int = -1,
+               end: int = -1) -> Point:
+        if offset >= sym.start_byte:  # count lines from the symbol's start, not the file's
+            line = sym.start_line + src.count(b"\n", sym.start_byte, offset)
+        else:
+            line = src.count(b"\n", 0, offset) + 1
         shown = start if start >= 0 else offset
         eol = src.find(b"\n", shown)
         first = src[shown : eol if eol >= 0 else len(src)].decode("utf-8", "replace").strip()

@@ -3,8 +3,13 @@
 Each file yields classes and structs (with their fields and method declarations), function
 and method definitions and declarations (in-class and out-of-class, static, templates) with
 qualified names, parameter types, return types, byte and line ranges, and a normalised
-fingerprint of each body. What a body calls is read from its text on demand. Parse errors
-(macro-heavy code) are recorded per file and per symbol; they never stop the index.
+fingerprint of each body. Parse errors (macro-heavy code) are recorded per file and per
+symbol; they never stop the index.
+
+A cold index costs one tree-sitter parse per file plus a walk that only records names and
+spans: what few symbols are ever asked about is derived on demand. Parameter types come from
+a tree-sitter parse of the stored parameter list, types are spelled out (`squash`) when read,
+and fingerprints and calls are read from the body's text.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass, fields
+from functools import cache, lru_cache
 from pathlib import Path
 
 import tree_sitter_cpp
@@ -23,7 +28,7 @@ from tree_sitter import Language, Node, Parser, Tree
 
 from portkit.cache import cache_dir
 
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 
 CLASS = "class"
 FUNCTION = "function"
@@ -58,17 +63,26 @@ class Symbol:
     start_line: int  # 1-based
     end_line: int
     scope: str = ""  # enclosing class or namespace, qualified
-    params: list[str] = field(default_factory=list)
-    returns: str = ""
+    param_list: str = ""  # functions: the parameter list as written, "(...)"
+    type_text: str = ""  # functions: the return type; fields: the type, as written
     is_static: bool = False
     body_start: int = -1  # byte offset of the body's "{" (functions, classes)
     body_end: int = -1
-    fingerprint: str = ""
     has_error: bool = False
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.start_line}"
+
+    @property
+    def params(self) -> list[str]:
+        """Parameter types, names and defaults dropped: `["ggml_context *", "int32_t"]`."""
+        return list(param_types(self.param_list)) if self.param_list else []
+
+    @property
+    def returns(self) -> str:
+        """The return type of a function, the type of a field, in `squash` spelling."""
+        return squash(self.type_text)
 
     def signature(self) -> str:
         if self.kind in {FUNCTION, DECLARATION}:
@@ -113,7 +127,11 @@ def _parser() -> Parser:
 
 
 def _text(src: bytes, node: Node | None) -> str:
-    return "" if node is None else src[node.start_byte : node.end_byte].decode("utf-8", "replace")
+    return "" if node is None else _text_between(src, node.start_byte, node.end_byte)
+
+
+def _text_between(src: bytes, start: int, end: int) -> str:
+    return src[start:end].decode("utf-8", "replace")
 
 
 def squash(text: str) -> str:
@@ -174,12 +192,9 @@ class _Extractor:
             return
         raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
         qual = f"{scope}::{raw}" if scope and (in_class or "::" not in raw) else raw
-        body = node.child_by_field_name("body")
         sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, node, qual.rpartition("::")[0],
-                          body=body)
+                          body=node.child_by_field_name("body"))
         self.fill_signature(sym, node, fdecl, ptr)
-        if body is not None:
-            sym.fingerprint = fingerprint(_text(self.src, body))
         self.symbols.append(sym)
 
     def add_declaration(self, node: Node, scope: str, *, in_class: bool) -> None:
@@ -195,51 +210,64 @@ class _Extractor:
             return
         if not in_class:
             return
-        type_text = squash(_text(self.src, node.child_by_field_name("type")))
+        type_node = node.child_by_field_name("type")
+        type_text = _text(self.src, type_node)
+        is_static = _has_static(self.src, node, type_node)
         for declarator in node.children_by_field_name("declarator"):
             name_node = _innermost_name(declarator)
             if name_node is None:
                 continue
             name = _text(self.src, name_node)
             sym = self.symbol(FIELD, name, f"{scope}::{name}", node, scope)
-            stars = squash(_text(self.src, declarator)).split(name)[0].strip()
-            sym.returns = f"{type_text} {stars}".strip()
-            sym.is_static = _has_static(self.src, node)
+            stars = _text_between(self.src, declarator.start_byte, name_node.start_byte)
+            sym.type_text = f"{type_text} {stars}" if stars else type_text
+            sym.is_static = is_static
             self.symbols.append(sym)
 
     def symbol(self, kind: str, name: str, qual: str, node: Node, scope: str,
                body: Node | None = None) -> Symbol:
+        start, end = node.start_point, node.end_point
         return Symbol(
-            kind=kind, name=name, qualname=qual, file=self.rel,
-            start_byte=node.start_byte, end_byte=node.end_byte,
-            start_line=node.start_point[0] + 1, end_line=node.end_point[0] + 1,
-            scope=scope,
+            kind, name, qual, self.rel, node.start_byte, node.end_byte, start[0] + 1, end[0] + 1,
+            scope,
             body_start=body.start_byte if body is not None else -1,
             body_end=body.end_byte if body is not None else -1,
             has_error=node.has_error,
         )
 
     def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str) -> None:
-        params = fdecl.child_by_field_name("parameters")
-        if params is not None:
-            sym.params = [self.param_type(p) for p in params.named_children
-                          if p.type in {"parameter_declaration", "optional_parameter_declaration"}]
+        sym.param_list = _text(self.src, fdecl.child_by_field_name("parameters"))
         type_node = node.child_by_field_name("type")
-        sym.returns = squash(f"{_text(self.src, type_node)} {ptr}") if type_node else ""
-        sym.is_static = _has_static(self.src, node)
+        if type_node is not None:
+            sym.type_text = f"{_text(self.src, type_node)} {ptr}" if ptr else _text(self.src,
+                                                                                   type_node)
+        sym.is_static = _has_static(self.src, node, fdecl)
 
-    def param_type(self, param: Node) -> str:
-        text = _text(self.src, param)
+
+@lru_cache(maxsize=4096)
+def param_types(param_list: str) -> tuple[str, ...]:
+    """The parameter types of a parameter list `(...)` as written, by a tree-sitter parse."""
+    src = f"void f{param_list};".encode()
+    fdecl, _ = _function_declarator(
+        _parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
+    params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
+    if params is None:
+        return ()
+    types = []
+    for param in params.named_children:
+        if param.type not in {"parameter_declaration", "optional_parameter_declaration"}:
+            continue
+        end = param.end_byte
         default = param.child_by_field_name("default_value")
         if default is not None:
-            text = text[: default.start_byte - param.start_byte].rstrip().rstrip("=")
+            end = src.rindex(b"=", param.start_byte, default.start_byte)
+        text = src[param.start_byte : end]
         decl = param.child_by_field_name("declarator")
         name = _innermost_name(decl) if decl is not None else None
         if name is not None:
-            cut = name.start_byte - param.start_byte
-            text = text[:cut] + text[name.end_byte - param.start_byte :]
-        return squash(text)
-
+            text = src[param.start_byte : name.start_byte] + src[name.end_byte : end]
+        types.append(squash(text.decode("utf-8", "replace")))
+    return tuple(types)
 
 
 def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
@@ -270,7 +298,10 @@ def _innermost_name(decl: Node | None) -> Node | None:
     return None
 
 
-def _has_static(src: bytes, node: Node) -> bool:
+def _has_static(src: bytes, node: Node, upto: Node | None) -> bool:
+    """Whether `node`'s specifiers before `upto` include `static`."""
+    if upto is not None and b"static" not in src[node.start_byte : upto.start_byte]:
+        return False
     return any(c.type == "storage_class_specifier" and _text(src, c) == "static"
                for c in node.children)
 
@@ -314,6 +345,11 @@ def _cache_path(sha: str) -> Path:
     return cache_dir("index", f"v{INDEX_FORMAT}", sha[:2]) / f"{sha}.json"
 
 
+# A cached symbol is the row of its fields but `file`: the same content may sit elsewhere.
+_ROW = [f.name for f in fields(Symbol) if f.name != "file"]
+_FILE_AT = [f.name for f in fields(Symbol)].index("file")
+
+
 def index_file(root: Path, rel: str) -> FileIndex:
     """Index one file, reusing the on-disk entry for identical content."""
     src = (root / rel).read_bytes()
@@ -321,12 +357,13 @@ def index_file(root: Path, rel: str) -> FileIndex:
     entry = _cache_path(sha)
     if entry.is_file():
         data = json.loads(entry.read_text())
-        return FileIndex(rel, sha, [Symbol(**{**s, "file": rel}) for s in data["symbols"]],
-                         data["errors"])
+        symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
+                   for row in data["symbols"]]
+        return FileIndex(rel, sha, symbols, data["errors"])
     result = parse_source(src, rel)
+    rows = [[getattr(sym, name) for name in _ROW] for sym in result.symbols]
     tmp = entry.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"symbols": [vars(s) for s in result.symbols],
-                               "errors": result.errors}))
+    tmp.write_text(json.dumps({"symbols": rows, "errors": result.errors}))
     tmp.replace(entry)
     return result
 
@@ -372,10 +409,24 @@ class Index:
             return ""
         return self.source(sym.file)[sym.body_start : sym.body_end].decode("utf-8", "replace")
 
+    def fingerprint(self, sym: Symbol) -> str:
+        """The body's `fingerprint`: equal for bodies that differ only in layout and comments."""
+        return fingerprint(self.body(sym)) if sym.body_start >= 0 else ""
+
     def calls(self, sym: Symbol) -> set[str]:
         """Names the body of `sym` calls (functions, methods, constructors-by-call)."""
         body = _COMMENT.sub(" ", self.body(sym))
         return {m for m in _CALL.findall(body) if m not in _NOT_CALLS}
+
+    def calls_any(self, sym: Symbol, names: Iterable[str]) -> bool:
+        """Whether the body of `sym` calls one of `names` (a cheap test before the parse)."""
+        body = self.body(sym)
+        present = [n for n in names if n in body]
+        if not present:
+            return False
+        alternatives = "|".join(re.escape(n) for n in present)
+        return re.search(rf"\b(?:{alternatives})\s*(?:<[^<>;{{}}()]*>\s*)?\(",
+                         _COMMENT.sub(" ", body)) is not None
 
     def members(self, cls_sym: Symbol) -> list[Symbol]:
         return [s for s in self.by_scope.get(cls_sym.qualname, ())

@@ -68,6 +68,18 @@ def test_function_definitions_in_class_out_of_class_static_and_template():
     assert ix.calls(out) == {"ggml_view_4d"}
     assert ix.calls(impl) == {"ggml_new_tensor_4d", "make_unique"}
     assert ix.calls(tmpl) == {"twice"}
+    assert ix.calls_any(impl, ["make_unique", "nowhere"])
+    assert not ix.calls_any(impl, ["mask"])  # a member, not a call
+
+
+def test_params_and_types_are_read_on_demand_from_what_is_stored():
+    syms = parse_source(SNIPPET, "a.cpp").symbols
+    (impl,) = by_qual(syms, "build_impl", FUNCTION)
+    assert impl.param_list == "(ggml_context * ctx0, const llama_ubatch & ubatch = {})"
+    assert impl.params == ["ggml_context *", "const llama_ubatch &"]
+    # names, defaults and the ellipsis go; the types keep the index's one spelling
+    assert index_mod.param_types("(int (*cb)(int), float = 1.0f, ...)") == (
+        index_mod.squash("int (*)(int)"), "float")
 
 
 def test_fingerprint_ignores_layout_and_comments_but_not_code():
@@ -75,6 +87,11 @@ def test_fingerprint_ignores_layout_and_comments_but_not_code():
     b = index_mod.fingerprint("{\n    int x=1;\n    /* c */ return x;\n}")
     c = index_mod.fingerprint("{ int x = 2; return x; }")
     assert a == b != c
+    src = b"int f() { int x = 1; return x; }\nint g() {\n  int x=1; // same\n  return x;\n}\n"
+    ix = Index(Path("."), [parse_source(src, "f.cpp")])
+    ix._text["f.cpp"] = src
+    f, g = ix.symbols
+    assert ix.fingerprint(f) == ix.fingerprint(g) == index_mod.fingerprint(ix.body(f))
 
 
 def test_parse_errors_are_contained_and_reported():
@@ -100,7 +117,7 @@ def test_warm_index_parses_nothing(registry_tree, tmp_path, monkeypatch):
     monkeypatch.setattr(index_mod, "parse_source", lambda *a: calls.append(a) or real(*a))
     warm = Index.build(root, patterns)
     assert calls == []
-    assert [s.qualname for s in warm.symbols] == [s.qualname for s in cold.symbols]
+    assert warm.symbols == cold.symbols  # every field survives the cache
     assert len(cold.symbols) > 300
 
 
