@@ -1,10 +1,12 @@
 """Prompt and generation speed with the rotation on vs off, q8_0/q8_0 cache, both models.
 
-    python benchmarks/rotation_overhead.py [--version 0.3.17] [--repeat 3]
+    python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20] [--rounds 3]
 
-Uses the patched build of `portkit validate`'s workspace (built on first use) and runs
-llama-bench twice per model in the same run: LLAMA_ATTN_ROT_DISABLE=1 (the baseline) and
-rotation on. Prints tokens/s of each and the on/off ratio (goal: >= 0.97x).
+Runs llama-bench on the patched build of `portkit validate`'s workspace and, side by side,
+on upstream's own rotation (the reference tree, built on first use): each with
+LLAMA_ATTN_ROT_DISABLE=1 (the baseline) and with the rotation on. The four runs alternate
+within each round so that a busy machine weighs on all alike; medians are printed with the
+on/off ratio (goal: >= 0.97x) for the port and for upstream.
 """
 
 from __future__ import annotations
@@ -12,41 +14,57 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 from portkit import tree as tree_mod
 from portkit.models import FULL_MODEL, QUICK_MODEL, model_path
 from portkit.proc import run
-from portkit.validate import Runner, Workspace
+from portkit.validate import Runner, Workspace, reference_runner
+
+TESTS = ("prompt", "generation")
 
 
-def bench(binary: Path, model: Path, disable: bool, repeat: int) -> dict[str, float]:
+def bench(binary: Path, model: Path, disable: bool) -> dict[str, float]:
     env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if disable else "0"}
     proc = run([binary, "-m", model, "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1", "-t", "2",
-                "-p", "256", "-n", "64", "-r", str(repeat), "-o", "json"], env=env)
+                "-p", "256", "-n", "64", "-r", "1", "-o", "json"], env=env)
     rows = json.loads(proc.stdout)
     return {("prompt" if r["n_prompt"] else "generation"): float(r["avg_ts"]) for r in rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--version", default="0.3.17", help="llama-cpp-python sdist version")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--version", default="0.3.17", help="llama-cpp-python sdist to port onto")
+    ap.add_argument("--reference", default="0.3.20",
+                    help="llama-cpp-python sdist with upstream's own rotation")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
     tree = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.version}"))
     workspace = Workspace(tree, "kv-rotation")
     workspace.prepare()
-    binary = Runner(workspace).bin("patched") / "llama-bench"
-    print(f"tree: llama-cpp-python {args.version} (llama.cpp {(tree.pin or '?')[:12]}), "
-          f"q8_0/q8_0 cache, 2 threads, pp256 / tg64, {args.repeat} repetitions")
-    print(f"{'model':<22} {'test':<11} {'off t/s':>9} {'on t/s':>9} {'on/off':>7}")
+    reference = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.reference}"))
+    builds = {"port": Runner(workspace).bin("patched") / "llama-bench",
+              "upstream": reference_runner(reference, "kv-rotation").bin("unpatched")
+              / "llama-bench"}
+    print(f"port onto llama-cpp-python {args.version} (llama.cpp {(tree.pin or '?')[:12]}), "
+          f"upstream {args.reference} ({(reference.pin or '?')[:12]}); q8_0/q8_0 cache, "
+          f"2 threads, pp256 / tg64, median of {args.rounds} rounds")
+    print(f"{'model':<22} {'test':<11} {'build':<9} {'off t/s':>9} {'on t/s':>9} {'on/off':>7}")
     for model in (QUICK_MODEL, FULL_MODEL):
-        off = bench(binary, model_path(model), True, args.repeat)
-        on = bench(binary, model_path(model), False, args.repeat)
-        for test in ("prompt", "generation"):
-            print(f"{model:<22} {test:<11} {off[test]:9.2f} {on[test]:9.2f} "
-                  f"{on[test] / off[test]:6.3f}x")
+        samples: dict[tuple[str, bool, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for build, binary in builds.items():
+                for disable in (True, False):
+                    for test, speed in bench(binary, model_path(model), disable).items():
+                        samples.setdefault((build, disable, test), []).append(speed)
+        for test in TESTS:
+            for build in builds:
+                off = statistics.median(samples[(build, True, test)])
+                on = statistics.median(samples[(build, False, test)])
+                print(f"{model:<22} {test:<11} {build:<9} {off:9.2f} {on:9.2f} "
+                      f"{on / off:6.3f}x")
 
 
 if __name__ == "__main__":

@@ -419,6 +419,16 @@ def check_state(r: Runner, model: str) -> Check:
                  "(#28498); keep LLAMA_ATTN_ROT_DISABLE the same when saving and loading")
 
 
+def reference_runner(reference: Tree, feature: str) -> Runner:
+    """Runs of a tree that has the feature upstream: its "unpatched" copy is the reference."""
+    ws = Workspace(reference, feature)
+    if not ws.source("unpatched").is_dir():
+        ws.source("unpatched").parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(reference.llama_root, ws.source("unpatched"), symlinks=True,
+                        ignore=_ignore(reference.llama_root))
+    return Runner(ws)
+
+
 def validate(tree: Tree, feature: str, *, full: bool = False, models: list[str] | None = None,
              reference: Tree | None = None) -> Report:
     if not TEXT.is_file():
@@ -429,14 +439,7 @@ def validate(tree: Tree, feature: str, *, full: bool = False, models: list[str] 
     ws = Workspace(tree, feature)
     ws.prepare()
     runner = Runner(ws)
-    live = None
-    if reference is not None:
-        ref_ws = Workspace(reference, feature)
-        ref_ws.source("unpatched").parent.mkdir(parents=True, exist_ok=True)
-        if not ref_ws.source("unpatched").is_dir():
-            shutil.copytree(reference.llama_root, ref_ws.source("unpatched"), symlinks=True,
-                            ignore=_ignore(reference.llama_root))
-        live = Runner(ref_ws)
+    live = reference_runner(reference, feature) if reference is not None else None
     chosen = models or ([QUICK_MODEL, FULL_MODEL] if full else [QUICK_MODEL])
     checks: list[Check] = []
     for model in chosen:
