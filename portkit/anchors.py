@@ -262,7 +262,7 @@ class Resolver:
 
     def __init__(self, index: Index) -> None:
         self.index = index
-        self._trees: dict[str, Node] = {}
+        self._trees: dict[tuple[str, int], Node] = {}
         self._file_sets: dict[tuple[str, ...], list[str]] = {}
 
     # predicates -------------------------------------------------------------------------
@@ -397,10 +397,11 @@ class Resolver:
 
     # points -----------------------------------------------------------------------------
 
-    def _tree(self, rel: str) -> Node:
-        if rel not in self._trees:
-            self._trees[rel] = self.index.tree_of(rel)
-        return self._trees[rel]
+    def _syntax(self, sym: Symbol) -> Node:
+        key = (sym.file, sym.start_byte)
+        if key not in self._trees:
+            self._trees[key] = self.index.syntax(sym)
+        return self._trees[key]
 
     def statements(self, sym: Symbol, word: bytes = b"") -> list[Node]:
         """Statements of a function body, members of a class body, at any depth, in order.
@@ -410,7 +411,7 @@ class Resolver:
         """
         if sym.body_start < 0:
             return []
-        root = self._tree(sym.file)
+        root = self._syntax(sym)
         if not word:
             body = root.descendant_for_byte_range(sym.body_start, sym.body_end)
             found: list[Node] = []
@@ -488,7 +489,7 @@ class Resolver:
         return self._point(point, sym, src, offset, start, end)
 
     def _param_point(self, spec: AnchorSpec, sym: Symbol, point: PointSpec, src: bytes) -> Point:
-        node = self._tree(sym.file).descendant_for_byte_range(sym.start_byte, sym.end_byte)
+        node = self._syntax(sym).descendant_for_byte_range(sym.start_byte, sym.end_byte)
         stack = [node] if node is not None else []
         while stack:
             cur = stack.pop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 
 import tree_sitter_cpp
-from tree_sitter import Language, Node, Parser, Tree
+from tree_sitter import Language, Node, Parser, Point, Range, Tree
 
 from portkit.cache import cache_dir
 
@@ -322,9 +323,17 @@ def _error_lines(root: Node, limit: int = 20) -> list[int]:
 _recent_trees: dict[str, Tree] = {}
 
 
-def parse_tree(src: bytes) -> Tree:
+def _ranged_parser(src: bytes, start: int, end: int) -> Parser:
+    """A parser confined to `src[start:end]`; the nodes it yields keep file coordinates."""
+    def point(offset: int) -> Point:
+        return Point(src.count(b"\n", 0, offset), offset - src.rfind(b"\n", 0, offset) - 1)
+
+    return Parser(_language(), included_ranges=[Range(point(start), point(end), start, end)])
+
+
+def parse_tree(src: bytes, sha: str = "") -> Tree:
     """The tree-sitter parse of `src`, reusing the parse of a file indexed in this process."""
-    sha = hashlib.sha256(src).hexdigest()
+    sha = sha or hashlib.sha256(src).hexdigest()
     tree = _recent_trees.pop(sha, None) or _parser().parse(src)
     _recent_trees[sha] = tree
     while len(_recent_trees) > 32:
@@ -332,13 +341,14 @@ def parse_tree(src: bytes) -> Tree:
     return tree
 
 
-def parse_source(src: bytes, rel: str) -> FileIndex:
-    """Index one file's bytes (no cache)."""
-    tree = parse_tree(src)
+def parse_source(src: bytes, rel: str, sha: str = "") -> FileIndex:
+    """Index one file's bytes (no cache); `sha` is their sha256 when the caller has it."""
+    sha = sha or hashlib.sha256(src).hexdigest()
+    tree = parse_tree(src, sha)
     extractor = _Extractor(src, rel)
     extractor.walk(tree.root_node, "")
     errors = _error_lines(tree.root_node) if tree.root_node.has_error else []
-    return FileIndex(rel, hashlib.sha256(src).hexdigest(), extractor.symbols, errors)
+    return FileIndex(rel, sha, extractor.symbols, errors)
 
 
 def _cache_path(sha: str) -> Path:
@@ -360,9 +370,9 @@ def index_file(root: Path, rel: str) -> FileIndex:
         symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
                    for row in data["symbols"]]
         return FileIndex(rel, sha, symbols, data["errors"])
-    result = parse_source(src, rel)
+    result = parse_source(src, rel, sha)
     rows = [[getattr(sym, name) for name in _ROW] for sym in result.symbols]
-    tmp = entry.with_suffix(".tmp")
+    tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
     tmp.write_text(json.dumps({"symbols": rows, "errors": result.errors}))
     tmp.replace(entry)
     return result
@@ -432,5 +442,14 @@ class Index:
         return [s for s in self.by_scope.get(cls_sym.qualname, ())
                 if s.file == cls_sym.file and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
 
-    def tree_of(self, rel: str) -> Node:
-        return parse_tree(self.source(rel)).root_node
+    def syntax(self, sym: Symbol) -> Node:
+        """A syntax tree that covers `sym`, in the file's own byte and line coordinates.
+
+        The whole file's parse when this process made it (a cold run); otherwise tree-sitter
+        parses only the symbol's range of the file, so that a warm run never parses a file.
+        """
+        src = self.source(sym.file)
+        tree = _recent_trees.get(hashlib.sha256(src).hexdigest())
+        if tree is None:
+            tree = _ranged_parser(src, sym.start_byte, sym.end_byte).parse(src)
+        return tree.root_node

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from portkit import index as index_mod
 from portkit.anchors import AnchorSet, AnchorSpec, Resolver, load_anchor_set
 from portkit.cli import cli
 from portkit.errors import AnchorError
@@ -62,6 +63,24 @@ def test_every_rotation_anchor_resolves_to_the_right_code(registry_tree, version
     assert res["graph.inp-kv-impl"].points["inputs"].statement == "return inp;"
     shift = res["kv-cache.graph-shift"]
     assert "build_rope_shift(" in shift.points["call"].statement
+
+
+def test_warm_resolution_parses_no_whole_file_and_lands_where_cold_did(registry_tree, tmp_path,
+                                                                       monkeypatch):
+    """A warm run parses only the definitions whose statements it needs, in file coordinates."""
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
+    tree = detect(registry_tree("0.3.17"))
+    _, cold = resolve_feature(tree, "kv-rotation")
+    index_mod._recent_trees.clear()  # as in a new process: only the disk cache is warm
+    whole_file_parses = []
+    real = index_mod.parse_tree
+    monkeypatch.setattr(index_mod, "parse_tree",
+                        lambda *a: whole_file_parses.append(a) or real(*a))
+    _, warm = resolve_feature(tree, "kv-rotation")
+    assert whole_file_parses == []
+    statement_points = [p for r in cold.values() for p in r.points.values() if p.start >= 0]
+    assert len(statement_points) > 10
+    assert {k: r.points for k, r in warm.items()} == {k: r.points for k, r in cold.items()}
 
 
 def test_old_tree_reaches_the_unified_names_through_aliases(registry_tree):
