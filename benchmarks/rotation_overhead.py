@@ -1,12 +1,16 @@
 """Prompt and generation speed with the rotation on vs off, q8_0/q8_0 cache, both models.
 
-    python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20] [--rounds 3]
+    python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20] [--rounds 9]
+                                           [--threads 1]
 
 Runs llama-bench on the patched build of `portkit validate`'s workspace and, side by side,
 on upstream's own rotation (the reference tree, built on first use): each with
 LLAMA_ATTN_ROT_DISABLE=1 (the baseline) and with the rotation on. The four runs alternate
-within each round so that a busy machine weighs on all alike; medians are printed with the
-on/off ratio (goal: >= 0.97x) for the port and for upstream.
+within each round so that a busy machine weighs on all alike. Printed, for the port and for
+upstream: the best speed of the rounds (noise only ever slows a run down) and their on/off
+ratio (goal: >= 0.97x), then the median and the spread of each round's paired on/off ratio,
+which tell how noisy the machine was. One thread by default: on a 2-core virtual machine,
+two threads that wait on each other mostly measure the neighbours.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from portkit.validate import Runner, Workspace, reference_runner
 TESTS = ("prompt", "generation")
 
 
-def bench(binary: Path, model: Path, disable: bool) -> dict[str, float]:
+def bench(binary: Path, model: Path, disable: bool, threads: int) -> dict[str, float]:
     env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if disable else "0"}
-    proc = run([binary, "-m", model, "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1", "-t", "2",
+    proc = run([binary, "-m", model, "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1", "-t", str(threads),
                 "-p", "256", "-n", "64", "-r", "1", "-o", "json"], env=env)
     rows = json.loads(proc.stdout)
     return {("prompt" if r["n_prompt"] else "generation"): float(r["avg_ts"]) for r in rows}
@@ -38,7 +42,8 @@ def main() -> None:
     ap.add_argument("--version", default="0.3.17", help="llama-cpp-python sdist to port onto")
     ap.add_argument("--reference", default="0.3.20",
                     help="llama-cpp-python sdist with upstream's own rotation")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
     tree = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.version}"))
@@ -50,21 +55,24 @@ def main() -> None:
               / "llama-bench"}
     print(f"port onto llama-cpp-python {args.version} (llama.cpp {(tree.pin or '?')[:12]}), "
           f"upstream {args.reference} ({(reference.pin or '?')[:12]}); q8_0/q8_0 cache, "
-          f"2 threads, pp256 / tg64, median of {args.rounds} rounds")
-    print(f"{'model':<22} {'test':<11} {'build':<9} {'off t/s':>9} {'on t/s':>9} {'on/off':>7}")
+          f"{args.threads} thread(s), pp256 / tg64, {args.rounds} rounds")
+    print(f"{'model':<22} {'test':<11} {'build':<9} {'best off':>9} {'best on':>9} {'on/off':>7}"
+          f"  {'paired median':>13} {'spread':>13}")
     for model in (QUICK_MODEL, FULL_MODEL):
         samples: dict[tuple[str, bool, str], list[float]] = {}
         for _ in range(args.rounds):
             for build, binary in builds.items():
                 for disable in (True, False):
-                    for test, speed in bench(binary, model_path(model), disable).items():
+                    for test, speed in bench(binary, model_path(model), disable,
+                                             args.threads).items():
                         samples.setdefault((build, disable, test), []).append(speed)
         for test in TESTS:
             for build in builds:
-                off = statistics.median(samples[(build, True, test)])
-                on = statistics.median(samples[(build, False, test)])
-                print(f"{model:<22} {test:<11} {build:<9} {off:9.2f} {on:9.2f} "
-                      f"{on / off:6.3f}x")
+                offs, ons = samples[(build, True, test)], samples[(build, False, test)]
+                ratios = [b / a for a, b in zip(offs, ons, strict=True)]
+                print(f"{model:<22} {test:<11} {build:<9} {max(offs):9.2f} {max(ons):9.2f} "
+                      f"{max(ons) / max(offs):6.3f}x  {statistics.median(ratios):12.3f}x "
+                      f"{min(ratios):6.3f}-{max(ratios):.3f}")
 
 
 if __name__ == "__main__":
