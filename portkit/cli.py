@@ -279,7 +279,8 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
                    "and run side by side as the reference for check b.")
 @click.option("--published", is_flag=True,
               help="Compare with the figures upstream published instead of a live reference "
-                   "run (they were measured on another machine: expect small differences).")
+                   "run (they reproduce exactly on an AVX-512 CPU; other SIMD paths differ "
+                   "by a few percent).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True)
 @fails_cleanly

@@ -358,7 +358,7 @@ def check_quality(r: Runner, model: str, configs: tuple[str, ...],
             f"off {off.kld} / {off.top1}%, disabled {dis.kld} / {dis.top1}%, on {on.kld} / "
             f"{on.top1}%; upstream on {ref_kld} / {ref_top1}% ({source})"
             + (f", KLD differs by {rel:.2%}" if rel is not None else "")
-            + (f"; published on another machine: {published['kld']} / {published['top1']}%"
+            + (f"; published in fixtures.md: {published['kld']} / {published['top1']}%"
                if published and live is not None else ""))
         for label, res, disable in (("on", on, False), ("disabled", dis, True)):
             want = _expect(config, disable)
