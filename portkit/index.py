@@ -449,7 +449,7 @@ class Index:
         parses only the symbol's range of the file, so that a warm run never parses a file.
         """
         src = self.source(sym.file)
-        tree = _recent_trees.get(hashlib.sha256(src).hexdigest())
+        tree = _recent_trees.get(self.files[sym.file].sha256)
         if tree is None:
             tree = _ranged_parser(src, sym.start_byte, sym.end_byte).parse(src)
         return tree.root_node
