@@ -98,6 +98,15 @@ def _longest_word(text: str) -> str:
     return max(re.findall(r"\w+", text), key=len, default="")
 
 
+def _needed_words(spec: AnchorSpec) -> tuple[tuple[tuple[bytes, ...], bool], ...]:
+    """Per `contains` and `calls` predicate of `spec`: words of which one must occur in a
+    fitting symbol, and whether in its body only (calls) or in its body or text (contains)."""
+    needs: list[tuple[tuple[bytes, ...], bool]] = [
+        ((_longest_word(c).encode(),), False) for c in spec.contains if _longest_word(c)]
+    needs += [(tuple(n.encode() for n in aliases_of(canonical(c))), True) for c in spec.calls]
+    return tuple(needs)
+
+
 # -- specs ------------------------------------------------------------------------------
 
 
@@ -264,6 +273,7 @@ class Resolver:
         self.index = index
         self._trees: dict[tuple[str, int], Node] = {}
         self._file_sets: dict[tuple[str, ...], list[str]] = {}
+        self._needs: dict[str, tuple[tuple[tuple[bytes, ...], bool], ...]] = {}
 
     # predicates -------------------------------------------------------------------------
 
@@ -274,7 +284,23 @@ class Resolver:
 
     def fits(self, spec: AnchorSpec, sym: Symbol) -> bool:
         """Whether `sym` satisfies every structural predicate (stops at the first failure)."""
-        return next(self._failures(spec, sym), None) is None
+        return self._may_fit(spec, sym) and next(self._failures(spec, sym), None) is None
+
+    def _may_fit(self, spec: AnchorSpec, sym: Symbol) -> bool:
+        """A necessary condition of `fits`, on the file's bytes: the words that `contains` and
+        `calls` need all occur in the symbol. Spares scans of a whole pool decoding bodies."""
+        src = self.index.source(sym.file)
+        if sym.body_start >= 0:
+            text_start, text_end, body_start = sym.body_start, sym.body_end, sym.body_start
+        else:
+            text_start, text_end, body_start = sym.start_byte, sym.end_byte, -1
+        if spec.id not in self._needs:  # by id: hashing a frozen spec costs more than the test
+            self._needs[spec.id] = _needed_words(spec)
+        for words, body_only in self._needs[spec.id]:
+            start, end = (body_start, text_end) if body_only else (text_start, text_end)
+            if start < 0 or not any(src.find(w, start, end) >= 0 for w in words):
+                return False
+        return True
 
     def _failures(self, spec: AnchorSpec, sym: Symbol) -> Iterator[str]:
         if spec.static is not None and sym.is_static != spec.static:

@@ -15,13 +15,14 @@ and fingerprints and calls are read from the body's text.
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from functools import cache, lru_cache
+from operator import attrgetter
 from pathlib import Path
 
 import tree_sitter_cpp
@@ -29,7 +30,7 @@ from tree_sitter import Language, Node, Parser, Point, Range, Tree
 
 from portkit.cache import cache_dir
 
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 
 CLASS = "class"
 FUNCTION = "function"
@@ -352,28 +353,32 @@ def parse_source(src: bytes, rel: str, sha: str = "") -> FileIndex:
 
 
 def _cache_path(sha: str) -> Path:
-    return cache_dir("index", f"v{INDEX_FORMAT}", sha[:2]) / f"{sha}.json"
+    return cache_dir("index", f"v{INDEX_FORMAT}.{marshal.version}", sha[:2]) / f"{sha}.marshal"
 
 
 # A cached symbol is the row of its fields but `file`: the same content may sit elsewhere.
-_ROW = [f.name for f in fields(Symbol) if f.name != "file"]
+_ROW = attrgetter(*(f.name for f in fields(Symbol) if f.name != "file"))
 _FILE_AT = [f.name for f in fields(Symbol)].index("file")
 
 
-def index_file(root: Path, rel: str) -> FileIndex:
-    """Index one file, reusing the on-disk entry for identical content."""
-    src = (root / rel).read_bytes()
+def index_file(root: Path, rel: str, src: bytes | None = None) -> FileIndex:
+    """Index one file (its bytes `src` when already read), reusing the on-disk entry for
+    identical content."""
+    src = (root / rel).read_bytes() if src is None else src
     sha = hashlib.sha256(src).hexdigest()
     entry = _cache_path(sha)
     if entry.is_file():
-        data = json.loads(entry.read_text())
-        symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
-                   for row in data["symbols"]]
-        return FileIndex(rel, sha, symbols, data["errors"])
+        try:
+            data = marshal.loads(entry.read_bytes())
+            symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
+                       for row in data["symbols"]]
+            return FileIndex(rel, sha, symbols, data["errors"])
+        except (EOFError, ValueError, TypeError, KeyError):
+            pass  # a damaged entry (a full disk, a killed run): index the file again
     result = parse_source(src, rel, sha)
-    rows = [[getattr(sym, name) for name in _ROW] for sym in result.symbols]
+    rows = [_ROW(sym) for sym in result.symbols]
     tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
-    tmp.write_text(json.dumps({"symbols": rows, "errors": result.errors}))
+    tmp.write_bytes(marshal.dumps({"symbols": rows, "errors": result.errors}))
     tmp.replace(entry)
     return result
 
@@ -404,7 +409,10 @@ class Index:
 
     @classmethod
     def build(cls, root: Path, patterns: Iterable[str]) -> Index:
-        return cls(root, (index_file(root, rel) for rel in source_files(root, patterns)))
+        sources = {rel: (root / rel).read_bytes() for rel in source_files(root, patterns)}
+        index = cls(root, (index_file(root, rel, src) for rel, src in sources.items()))
+        index._text.update(sources)  # each file is read once
+        return index
 
     def source(self, rel: str) -> bytes:
         if rel not in self._text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,17 @@ def test_changed_file_is_reparsed(tmp_path, monkeypatch):
     assert [s.name for s in Index.build(tmp_path / "t", ["src/*.cpp"]).symbols] == ["f"]
     (src / "a.cpp").write_text("int g() { return 1; }\n")
     assert [s.name for s in Index.build(tmp_path / "t", ["src/*.cpp"]).symbols] == ["g"]
+
+
+def test_damaged_cache_entry_is_indexed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.cpp").write_text("struct s { int n; };\nint f(s x) { return x.n; }\n")
+    first = Index.build(tmp_path / "t", ["*.cpp"]).symbols
+    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    entry.write_bytes(entry.read_bytes()[:20])  # as a killed run or a full disk leaves it
+    assert Index.build(tmp_path / "t", ["*.cpp"]).symbols == first
+    assert len(marshal.loads(entry.read_bytes())["symbols"]) == len(first)  # whole again
 
 
 @pytest.mark.parametrize("version", ["0.3.16", "0.3.36"])
