@@ -26,7 +26,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -98,15 +98,6 @@ def _longest_word(text: str) -> str:
     return max(re.findall(r"\w+", text), key=len, default="")
 
 
-def _needed_words(spec: AnchorSpec) -> tuple[tuple[tuple[bytes, ...], bool], ...]:
-    """Per `contains` and `calls` predicate of `spec`: words of which one must occur in a
-    fitting symbol, and whether in its body only (calls) or in its body or text (contains)."""
-    needs: list[tuple[tuple[bytes, ...], bool]] = [
-        ((_longest_word(c).encode(),), False) for c in spec.contains if _longest_word(c)]
-    needs += [(tuple(n.encode() for n in aliases_of(canonical(c))), True) for c in spec.calls]
-    return tuple(needs)
-
-
 # -- specs ------------------------------------------------------------------------------
 
 
@@ -145,6 +136,16 @@ class AnchorSpec:
     def structural(self) -> bool:
         return bool(self.params is not None or self.params_first or self.returns or self.calls
                     or self.contains or self.has)
+
+    @cached_property
+    def needed_words(self) -> tuple[tuple[tuple[bytes, ...], bool], ...]:
+        """Per `contains` and `calls` predicate: words of which one must occur in a fitting
+        symbol, and whether in its body only (calls) or in its body or text (contains)."""
+        needs: list[tuple[tuple[bytes, ...], bool]] = [
+            ((_longest_word(c).encode(),), False) for c in self.contains if _longest_word(c)]
+        needs += [(tuple(n.encode() for n in aliases_of(canonical(c))), True)
+                  for c in self.calls]
+        return tuple(needs)
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,6 @@ class Resolver:
         self.index = index
         self._trees: dict[tuple[str, int], Node] = {}
         self._file_sets: dict[tuple[str, ...], list[str]] = {}
-        self._needs: dict[str, tuple[tuple[tuple[bytes, ...], bool], ...]] = {}
 
     # predicates -------------------------------------------------------------------------
 
@@ -290,15 +290,11 @@ class Resolver:
         """A necessary condition of `fits`, on the file's bytes: the words that `contains` and
         `calls` need all occur in the symbol. Spares scans of a whole pool decoding bodies."""
         src = self.index.source(sym.file)
-        if sym.body_start >= 0:
-            text_start, text_end, body_start = sym.body_start, sym.body_end, sym.body_start
-        else:
-            text_start, text_end, body_start = sym.start_byte, sym.end_byte, -1
-        if spec.id not in self._needs:  # by id: hashing a frozen spec costs more than the test
-            self._needs[spec.id] = _needed_words(spec)
-        for words, body_only in self._needs[spec.id]:
-            start, end = (body_start, text_end) if body_only else (text_start, text_end)
-            if start < 0 or not any(src.find(w, start, end) >= 0 for w in words):
+        body = (sym.body_start, sym.body_end) if sym.body_start >= 0 else None
+        text = body or (sym.start_byte, sym.end_byte)
+        for words, body_only in spec.needed_words:
+            span = body if body_only else text
+            if span is None or not any(src.find(w, *span) >= 0 for w in words):
                 return False
         return True
 

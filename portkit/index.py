@@ -361,10 +361,8 @@ _ROW = attrgetter(*(f.name for f in fields(Symbol) if f.name != "file"))
 _FILE_AT = [f.name for f in fields(Symbol)].index("file")
 
 
-def index_file(root: Path, rel: str, src: bytes | None = None) -> FileIndex:
-    """Index one file (its bytes `src` when already read), reusing the on-disk entry for
-    identical content."""
-    src = (root / rel).read_bytes() if src is None else src
+def index_file(rel: str, src: bytes) -> FileIndex:
+    """Index one file's bytes `src`, reusing the on-disk entry for identical content."""
     sha = hashlib.sha256(src).hexdigest()
     entry = _cache_path(sha)
     if entry.is_file():
@@ -410,7 +408,7 @@ class Index:
     @classmethod
     def build(cls, root: Path, patterns: Iterable[str]) -> Index:
         sources = {rel: (root / rel).read_bytes() for rel in source_files(root, patterns)}
-        index = cls(root, (index_file(root, rel, src) for rel, src in sources.items()))
+        index = cls(root, (index_file(rel, src) for rel, src in sources.items()))
         index._text.update(sources)  # each file is read once
         return index
 
