@@ -20,8 +20,6 @@ from portkit.errors import PortkitError
 from portkit.proc import run, stream
 from portkit.tree import Tree
 
-HARNESS = Path(__file__).parent / "harness" / "rotation_checks.cpp"
-
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -99,18 +97,27 @@ def ninja(llama_root: Path, folder: Path, targets: list[str], label: str = "buil
         raise PortkitError(f"build failed: {_first_error(log.read_text())} (log: {log})")
 
 
-def build_tools(llama_root: Path, folder: Path, targets: list[str], label: str) -> Path:
-    """Configure and build `targets` of the tree, plus portkit's harness; return the bin dir."""
+def harness_binary(source: Path) -> str:
+    """The name a harness source builds to: rotation_checks.cpp -> portkit-rotation-checks."""
+    return "portkit-" + source.stem.replace("_", "-")
+
+
+def build_tools(llama_root: Path, folder: Path, targets: list[str], label: str,
+                harness_source: Path | None = None) -> Path:
+    """Configure and build `targets` of the tree, plus a feature's harness (a C++ program
+    against the tree's libllama); return the bin dir."""
     configure(llama_root, folder)
     ninja(llama_root, folder, [*targets, "llama"], label)
     bin_dir = folder / "bin"
-    harness = bin_dir / "portkit-rotation-checks"
+    if harness_source is None:
+        return bin_dir
+    harness = bin_dir / harness_binary(harness_source)
     header = (llama_root / "include" / "llama.h").read_text()
     flags = [] if "flash_attn_type" in header else ["-DPORTKIT_FLASH_ATTN_BOOL"]
     compiler = shutil.which("c++") or shutil.which("g++") or "c++"
     if not harness.is_file() or harness.stat().st_mtime < max(
-            HARNESS.stat().st_mtime, (bin_dir / "libllama.so").stat().st_mtime):
-        proc = run([compiler, "-std=c++17", "-O2", *flags, HARNESS,
+            harness_source.stat().st_mtime, (bin_dir / "libllama.so").stat().st_mtime):
+        proc = run([compiler, "-std=c++17", "-O2", *flags, harness_source,
                     f"-I{llama_root / 'include'}", f"-I{llama_root / 'ggml' / 'include'}",
                     f"-L{bin_dir}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{bin_dir}", "-o", harness], check=False)

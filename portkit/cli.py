@@ -16,7 +16,7 @@ from portkit import apply as apply_mod
 from portkit import tree as tree_mod
 from portkit import validate as validate_mod
 from portkit.errors import PortkitError
-from portkit.features import DEFAULT_FEATURE, resolve_feature
+from portkit.features import DEFAULT_FEATURE, Feature, resolve_feature
 from portkit.render import PRESENT, Rendered, render, write_series
 from portkit.report import emit_json, emit_table
 
@@ -258,8 +258,10 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
     if outcome.compiled is not None:
         click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
     if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
-        reference = tree_mod.detect(tree_mod.fetch(validate_mod.DEFAULT_REFERENCE))
-        report = validate_mod.validate(tree_mod.detect(tree_path), feature, reference=reference)
+        port = Feature.load(feature)
+        reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
+            if port.validation.reference else None
+        report = validate_mod.validate(tree_mod.detect(tree_path), port, reference=reference)
         click.echo(report.text())
         if not report.passed:
             sys.exit(1)
@@ -274,9 +276,10 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
               help="Also Qwen2.5-Coder-0.5B (qwen2) and the q8_0/q4_0, f16/q4_0 caches.")
 @click.option("--model", "models", multiple=True,
               help="smollm2, qwen2.5-coder-0.5b, or a .gguf file (repeatable).")
-@click.option("--reference", default=validate_mod.DEFAULT_REFERENCE, show_default=True,
-              help="A tree with upstream's own rotation (a path or a `tree fetch` spec), built "
-                   "and run side by side as the reference for check b.")
+@click.option("--reference",
+              help="A tree with the feature upstream (a path or a `tree fetch` spec), built and "
+                   "run side by side as the live reference. Default: the feature's own "
+                   "(kv-rotation: pypi:llama-cpp-python==0.3.20, upstream's first rotation).")
 @click.option("--published", is_flag=True,
               help="Compare with the figures upstream published instead of a live reference "
                    "run (they reproduce exactly on an AVX-512 CPU; other SIMD paths differ "
@@ -285,7 +288,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
               default="text", show_default=True)
 @fails_cleanly
 def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ...],
-                 reference: str, published: bool, fmt: str) -> None:
+                 reference: str | None, published: bool, fmt: str) -> None:
     """Build the unpatched and the patched tree, run real models, and prove the port.
 
     \b
@@ -298,8 +301,10 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     Exits 1 when a check fails.
     """
     info = tree_mod.detect(tree_path)
-    ref = None if published else tree_mod.detect(tree_mod.fetch(reference))
-    report = validate_mod.validate(info, feature, full=mode == "full",
+    port = Feature.load(feature)
+    spec = reference or port.validation.reference
+    ref = None if published or spec is None else tree_mod.detect(tree_mod.fetch(spec))
+    report = validate_mod.validate(info, port, full=mode == "full",
                                    models=list(models) or None, reference=ref)
     if fmt == "json":
         click.echo(validate_mod.report_json(report))
