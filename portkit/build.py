@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -25,6 +26,18 @@ CMAKE_OPTIONS = (
     "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
     "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
 )
+# Virtual machines may advertise AMX (Sapphire Rapids and later) without letting a process
+# use its tiles: with -march=native, ggml's AMX kernels then die of SIGILL at the first
+# matmul. Validation compares builds with each other, so it loses nothing without them.
+# GCC keeps explicit -mno-* flags over what a later -march=native implies.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_options() -> list[str]:
+    options = list(CMAKE_OPTIONS)
+    if platform.machine() in ("x86_64", "AMD64"):
+        options += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    return options
 
 
 @dataclass(frozen=True)
@@ -59,16 +72,21 @@ def _ccache_env(llama_root: Path) -> dict[str, str]:
 
 
 def configure(llama_root: Path, folder: Path) -> Path:
-    """Configure the tree's CMake project into `folder` (once; later calls are no-ops)."""
+    """Configure the tree's CMake project into `folder` (once per set of options; later calls
+    are no-ops)."""
     _check_tools()
-    if not (folder / "build.ninja").is_file():
+    options = cmake_options()
+    stamp = folder / "portkit-options"
+    if not (folder / "build.ninja").is_file() or not stamp.is_file() \
+            or stamp.read_text() != "\n".join(options):
         folder.mkdir(parents=True, exist_ok=True)
-        proc = run(["cmake", "-S", llama_root, "-B", folder, "-G", "Ninja", *CMAKE_OPTIONS],
+        proc = run(["cmake", "-S", llama_root, "-B", folder, "-G", "Ninja", *options],
                    check=False, env=_ccache_env(llama_root))
         if proc.returncode != 0:
             log = folder / "configure.log"
             log.write_text(proc.stdout + proc.stderr)
             raise PortkitError(f"cmake configure failed: {_first_error(proc.stderr)} (log: {log})")
+        stamp.write_text("\n".join(options))
     return folder
 
 
