@@ -96,6 +96,10 @@ class Feature:
         return Feature.load(self.name, into)
 
 
+def load_anchors(feature: str, templates: Path | None = None) -> AnchorSet:
+    return load_anchor_set(feature_dir(feature, templates) / "anchors.toml")
+
+
 def resolve_feature(tree: Tree, feature: str,
                     templates: Path | None = None) -> tuple[Index, dict[str, Resolution]]:
     """Index the files the feature's anchors look at, and resolve every anchor."""
