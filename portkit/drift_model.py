@@ -225,12 +225,16 @@ def parse_fail_on(values: Iterable[str]) -> frozenset[str]:
     return chosen
 
 
+def failing_statuses(fail_on: Iterable[str]) -> frozenset[str]:
+    """The patch (and hunk) statuses that --fail-on values fail."""
+    return frozenset().union(*(_FAILING_STATUSES.get(v, ()) for v in fail_on))
+
+
 def needs_attention(patch: PatchDrift, fail_on: Iterable[str] = DEFAULT_FAIL_ON) -> bool:
     """Whether the patch trips --fail-on (values as parse_fail_on returns them)."""
     chosen = frozenset(fail_on)
-    if SEMANTIC in chosen and patch.semantic:
-        return True
-    return any(patch.status in _FAILING_STATUSES[v] for v in chosen if v in _FAILING_STATUSES)
+    return (SEMANTIC in chosen and bool(patch.semantic)) or \
+        patch.status in failing_statuses(chosen)
 
 
 def exit_code(report: DriftReport, fail_on: Iterable[str] = DEFAULT_FAIL_ON) -> int:
