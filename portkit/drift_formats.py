@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import sys
+import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
@@ -185,6 +186,18 @@ def _fit(text: str, width: int) -> str:
     return text[:max(width - 1, 0)] + "…" if width > 0 else ""
 
 
+def _hunks_cell(p: PatchDrift) -> str:
+    """How many hunks, then how many of each status but clean (the interesting part first)."""
+    n = len(p.hunks)
+    rest = {s: c for s, c in p.hunk_counts().items() if s != CLEAN}
+    return f"{n} hunk{'s' if n != 1 else ''}{': ' + _counts(rest) if rest else ''}"
+
+
+# Columns cut to fit a narrow terminal, in turn, each down to a floor: the reason first, then
+# the hunk counts, then the subject (it names the patch), then the rest of the reason.
+_SHRINK = ((4, 24), (3, 18), (1, 20), (4, 0))
+
+
 def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
           colour: bool | None = None) -> str:
     """Per target, one row per patch and a summary line. width defaults to the terminal's,
@@ -193,26 +206,27 @@ def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
     colour = sys.stdout.isatty() if colour is None else colour
     blocks = []
     for t in report.targets:
-        rows = [[str(i), p.subject, _status_label(p), _counts(p.hunk_counts()), _first_reason(p)]
+        rows = [[str(i), p.subject, _status_label(p), _hunks_cell(p), _first_reason(p)]
                 for i, p in _numbered(t)]
         headers = ["#", "patch", "status", "hunks", "reason"]
-        natural = [max(len(r[c]) for r in [headers, *rows]) for c in range(5)]
-        # Number, status and hunk counts keep their width; subject and reason share the rest,
-        # the subject first (it names the patch).
-        rest = max(width - natural[0] - natural[2] - natural[3] - 4 * 2, 0)
-        subject_w = min(natural[1], max(16, rest - min(natural[4], rest // 2)))
-        widths = [natural[0], subject_w, natural[2], natural[3], max(rest - subject_w, 0)]
+        widths = [max(len(r[c]) for r in [headers, *rows]) for c in range(5)]
+        excess = sum(widths) + 2 * 4 - width
+        for column, floor in _SHRINK:
+            cut = max(min(excess, widths[column] - floor), 0)
+            widths[column] -= cut
+            excess -= cut
         lines = [f"{report.series} on {_target_title(t)}"]
         for r, row in enumerate([headers, *rows]):
-            cells = [_fit(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
+            cells = [_fit(c, w) for c, w in zip(row, widths, strict=True)]
+            pads = [" " * (w - len(c)) for c, w in zip(cells, widths, strict=True)]
             if colour and r:
                 p = t.patches[r - 1]
                 cells[2] = click.style(cells[2], fg=TERMINAL_COLOURS[p.status],
                                        bold=needs_attention(p, fail_on))
             elif colour:
                 cells = [click.style(c, bold=True) for c in cells]
-            lines.append("  ".join(cells).rstrip())
-        lines.append(_summary_line(t, fail_on))
+            lines.append("  ".join(c + pad for c, pad in zip(cells, pads, strict=True)).rstrip())
+        lines.append(textwrap.fill(_summary_line(t, fail_on), width, subsequent_indent="  "))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -510,12 +524,13 @@ code, pre { font: 12.5px/1.4 ui-monospace, "SFMono-Regular", Menlo, Consolas, mo
 .swatch { display: inline-block; width: 16px; height: 16px; border-radius: 3px; }
 table { border-collapse: separate; border-spacing: 3px; }
 .matrix th { font-weight: 600; text-align: left; vertical-align: bottom; padding: 4px 6px; }
-.matrix thead th.target { text-align: center; max-width: 150px; overflow-wrap: anywhere; }
+.matrix thead th.target { text-align: center; min-width: 160px; max-width: 200px;
+                          overflow-wrap: anywhere; }
 .matrix thead th small { display: block; font-weight: 400; color: #59636e; }
 .matrix td.num { text-align: right; color: #59636e; padding-right: 6px; }
 .matrix th.patch { font-weight: 400; max-width: 380px; }
 .matrix th.patch code { display: block; color: #59636e; font-size: 11.5px; }
-.matrix td.cell { padding: 0; min-width: 104px; border-radius: 4px; }
+.matrix td.cell { padding: 0; min-width: 160px; border-radius: 4px; white-space: nowrap; }
 .matrix td.cell a { display: block; padding: 9px 8px; text-align: center; font-weight: 600;
                     text-decoration: none; color: inherit; border-radius: 4px; }
 .matrix td.cell a:hover { outline: 2px solid #1f2328; }
@@ -532,6 +547,8 @@ section.patch:target { border-color: #0969da; box-shadow: 0 0 0 3px #b6d7ff; }
 .hunks { border-collapse: collapse; width: 100%; margin: 8px 0; }
 .hunks th, .hunks td { border-bottom: 1px solid #d8dee4; padding: 4px 6px; text-align: left;
                        vertical-align: top; }
+.hunks td:nth-child(2) code { white-space: nowrap; }
+.attention { color: #cf222e; font-size: 13px; margin-left: 6px; }
 pre { background: #f6f8fa; border-radius: 6px; padding: 8px 10px; overflow-x: auto; }
 .back { font-size: 12.5px; }
 """
@@ -547,11 +564,16 @@ def _anchor(ti: int, i: int) -> str:
     return f"t{ti + 1}-p{i}"
 
 
+def _html(text: str) -> str:
+    # Control characters are parse errors in HTML too.
+    return html.escape(_xml(text))
+
+
 def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
     """One self-contained page (inline CSS, no script, nothing fetched): a heatmap of patches
     by targets with a legend, the first target where each patch broke, and a details section
     for every cell, each cell linking to its own."""
-    e = html.escape
+    e = _html
     rows = _matrix_rows(report)
     legend = "".join(f'<span><i class="swatch" style="background:{HEAT[s][0]}"></i>{s}</span>'
                      for s in STATUSES)
@@ -559,7 +581,7 @@ def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
                f'<span><i class="swatch" style="box-shadow:inset 0 0 0 3px #1f2328"></i>'
                f'needs attention (--fail-on {e(_fail_on_label(fail_on))})</span>')
     head = "".join(f'<th class="target">{e(t.target)}'
-                   f'{f"<small>{e(t.pin)}</small>" if t.pin else ""}</th>'
+                   f'<small>{e(t.pin) if t.pin else "no pin"}</small></th>'
                    for t in report.targets)
     body = []
     for n, (file, subject) in enumerate(rows, start=1):
@@ -582,7 +604,7 @@ def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
                     f'<td class="broke">{e(broke.target) if broke else "—"}</td></tr>')
     foot = "".join(f"<td>{sum(1 for p in t.patches if needs_attention(p, fail_on))} of "
                    f"{len(t.patches)} need attention</td>" for t in report.targets)
-    sections = [_html_details(report, ti, t, fail_on) for ti, t in enumerate(report.targets)]
+    sections = [_html_details(ti, t, fail_on) for ti, t in enumerate(report.targets)]
     n_targets = len(report.targets)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -611,13 +633,14 @@ target{"s" if n_targets != 1 else ""}, oldest first. Each cell links to its deta
 """
 
 
-def _html_details(report: DriftReport, ti: int, t: TargetDrift, fail_on: FailOn) -> str:
-    e = html.escape
+def _html_details(ti: int, t: TargetDrift, fail_on: FailOn) -> str:
+    e = _html
     out = []
     for i, p in _numbered(t):
+        attention = needs_attention(p, fail_on)
         parts = [f'<section class="patch" id="{_anchor(ti, i)}">',
                  f"<h3>{e(t.target)} · {i}. <code>{e(p.file)}</code> {_chip(p.status)}"
-                 f"{' needs attention' if needs_attention(p, fail_on) else ''}</h3>",
+                 f"{'<span class=attention>needs attention</span>' if attention else ''}</h3>",
                  f"<div>{e(p.subject)}</div>",
                  '<table class="hunks"><tr><th>status</th><th>hunk</th><th>symbol</th>'
                  "<th>offset</th><th>fuzz</th><th>moved to</th><th>reason</th></tr>"]
