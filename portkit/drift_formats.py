@@ -55,7 +55,7 @@ TERMINAL_COLOURS = {CLEAN: "green", OFFSET: "cyan", FUZZ: "yellow", RELOCATED: "
 # is in the tree already. Each with the text colour that reads on it.
 HEAT = {CLEAN: ("#2da44e", "#ffffff"), OFFSET: ("#aceebb", "#0a3622"),
         FUZZ: ("#f5d547", "#3b2e00"), RELOCATED: ("#fb8f44", "#3d1300"),
-        CONFLICT: ("#cf222e", "#ffffff"), ALREADY_APPLIED: ("#d0d7de", "#24292f"),
+        CONFLICT: ("#cf222e", "#ffffff"), ALREADY_APPLIED: ("#c8d1da", "#24292f"),
         PRESENT_UPSTREAM: ("#54aeff", "#032563")}
 EMOJI = {CLEAN: "🟩", OFFSET: "🟢", FUZZ: "🟨", RELOCATED: "🟧", CONFLICT: "🟥",
          ALREADY_APPLIED: "⬜", PRESENT_UPSTREAM: "🟦"}
@@ -268,7 +268,8 @@ def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
         out.append(f"| {_md_code(t.target)} | {_md_code(t.pin) if t.pin else '—'} | "
                    f"{len(t.patches)} | " + " | ".join(str(s[k]) for k in STATUSES) +
                    f" | {s[SEMANTIC]} | {attention} |")
-    out += ["", f"A patch needs attention on `--fail-on {_fail_on_label(fail_on)}`."]
+    out += ["", f"A patch needs attention when `--fail-on` catches it (here: "
+                f"{_fail_on_label(fail_on)})."]
     flagged = [(t, i, p) for t in report.targets for i, p in _numbered(t)
                if needs_attention(p, fail_on)]
     if not flagged:
@@ -506,8 +507,8 @@ def matrix_markdown(report: DriftReport, *, fail_on: FailOn) -> str:
         broke = first_broken(report, file, fail_on)
         out.append(f"| {n} | {_md_code(file)} {_md(subject)} | " + " | ".join(cells) +
                    f" | {_md_code(broke.target) if broke else '—'} |")
-    out += ["", f"First broke: the first target where the patch needs attention on "
-                f"`--fail-on {_fail_on_label(fail_on)}`."]
+    out += ["", f"First broke: the first target where `--fail-on` catches the patch (here: "
+                f"{_fail_on_label(fail_on)})."]
     return "\n".join(out) + "\n"
 
 
