@@ -29,6 +29,7 @@ from portkit.drift_model import (
     CLEAN,
     CONFLICT,
     DEFAULT_FAIL_ON,
+    FAIL_ON_CHOICES,
     FUZZ,
     OFFSET,
     PRESENT_UPSTREAM,
@@ -542,3 +543,18 @@ def test_matrix_html_screenshot_shows_the_heatmap(report: DriftReport, tmp_path:
     for status, (bg, _) in fmt.HEAT.items():
         rgb = (int(bg[1:3], 16), int(bg[3:5], 16), int(bg[5:7], 16))
         assert colours[rgb] > 2000, f"{status} ({bg}) covers {colours[rgb]} pixels"
+
+
+# The CI documentation names what the code has.
+
+def test_ci_docs_and_workflow_name_real_formats_and_values() -> None:
+    docs = Path(__file__).parent.parent / "docs"
+    guide = (docs / "drift-ci.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([a-z-]+)`", guide, re.MULTILINE))
+    assert rows == set(fmt.FORMATS) | set(FAIL_ON_CHOICES)
+    assert f"| {ATTENTION_EXIT} | at least one patch" in guide
+    workflow = (docs / "github-workflow-drift.yml").read_text(encoding="utf-8")
+    rendered = set(re.findall(r"^\s+render ([a-z-]+)", workflow, re.MULTILINE))
+    assert rendered == {"markdown", "junit", "sarif", "matrix-html", "github"}
+    assert f"[ $? -eq {ATTENTION_EXIT} ]" in workflow
+    assert set(re.findall(r"--format ([a-z-]+)", workflow)) <= set(fmt.FORMATS)
