@@ -206,7 +206,8 @@ def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
     colour = sys.stdout.isatty() if colour is None else colour
     blocks = []
     for t in report.targets:
-        rows = [[str(i), p.subject, _status_label(p), _hunks_cell(p), _first_reason(p)]
+        rows = [[str(i), _one_line(p.subject), _status_label(p), _hunks_cell(p),
+                 _first_reason(p)]
                 for i, p in _numbered(t)]
         headers = ["#", "patch", "status", "hunks", "reason"]
         widths = [max(len(r[c]) for r in [headers, *rows]) for c in range(5)]
@@ -348,9 +349,13 @@ def junit(report: DriftReport, *, fail_on: FailOn) -> str:
 
 # SARIF 2.1.0.
 
+def _patch_path(series: str, file: str) -> PurePosixPath:
+    """The patch file, relative to where portkit ran when the series was given so."""
+    return PurePosixPath(series.replace("\\", "/")) / file
+
+
 def _patch_uri(series: str, file: str) -> str:
-    """The patch file as a URI reference: relative to where portkit ran, like the series."""
-    path = PurePosixPath(series.replace("\\", "/")) / file
+    path = _patch_path(series, file)
     return path.as_uri() if path.is_absolute() else quote(str(path), safe="/")
 
 
@@ -390,10 +395,10 @@ def sarif(report: DriftReport) -> str:
                     _fingerprint(t.target, p.file, str(n), h.status),
                     {"target": t.target, "pin": t.pin, "patch": p.file, "hunk": _where(h),
                      "symbol": h.symbol, "offset": h.offset, "fuzz": h.fuzz}))
-            for s in p.semantic:
+            for n, s in enumerate(p.semantic):
                 results.append(_sarif_result(
                     kinds, SEMANTIC, f"{t.target}: {_semantic(s)}", uri, 1,
-                    _fingerprint(t.target, p.file, s.symbol, s.change),
+                    _fingerprint(t.target, p.file, f"semantic {n}", s.symbol, s.change),
                     {"target": t.target, "pin": t.pin, "patch": p.file, "symbol": s.symbol,
                      "change": s.change}))
     log = {"$schema": SARIF_SCHEMA, "version": "2.1.0",
@@ -439,7 +444,7 @@ def github(report: DriftReport, *, fail_on: FailOn) -> str:
     lines = []
     for t in report.targets:
         for p in t.patches:
-            file = str(PurePosixPath(report.series.replace("\\", "/")) / p.file)
+            file = str(_patch_path(report.series, p.file))
             for h in p.hunks:
                 if h.status not in (CONFLICT, RELOCATED, FUZZ):
                     continue

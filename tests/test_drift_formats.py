@@ -259,6 +259,14 @@ def test_a_clean_series_exits_zero() -> None:
     assert exit_code(DriftReport(SERIES, (target_a(),)), DEFAULT_FAIL_ON) == 0
 
 
+def test_render_knows_every_format(report: DriftReport) -> None:
+    for name in fmt.FORMATS:
+        assert fmt.render(report, name, DEFAULT_FAIL_ON).endswith("\n")
+    assert fmt.render(report, "json", DEFAULT_FAIL_ON) == report.to_json()
+    with pytest.raises(PortkitError, match="unknown drift format 'xml'"):
+        fmt.render(report, "xml", DEFAULT_FAIL_ON)
+
+
 # Terminal table.
 
 def test_table_rows_fit_the_width_without_colour(report: DriftReport) -> None:
