@@ -1,6 +1,6 @@
 """Stage 6, validate: build the unpatched and the patched tree and prove the port in numbers.
 
-Checks (design/rotation.md, "What a correct port must show"):
+Checks (docs/rotation.md, "What a correct port must show"):
 
   a  rotation off is a no-op: f16 cache, and q8_0 with LLAMA_ATTN_ROT_DISABLE=1, give logits
      bit-identical to the unpatched build;
@@ -358,7 +358,7 @@ def check_quality(r: Runner, model: str, configs: tuple[str, ...],
             f"off {off.kld} / {off.top1}%, disabled {dis.kld} / {dis.top1}%, on {on.kld} / "
             f"{on.top1}%; upstream on {ref_kld} / {ref_top1}% ({source})"
             + (f", KLD differs by {rel:.2%}" if rel is not None else "")
-            + (f"; published in fixtures.md: {published['kld']} / {published['top1']}%"
+            + (f"; published in docs/fixtures.md: {published['kld']} / {published['top1']}%"
                if published and live is not None else ""))
         for label, res, disable in (("on", on, False), ("disabled", dis, True)):
             want = _expect(config, disable)
