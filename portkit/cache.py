@@ -14,11 +14,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -104,7 +104,7 @@ def scratch(parent: Path, prefix: str) -> Iterator[Path]:
     """A new, locked, empty folder in `parent` to prepare something in. Rename it into place
     when it is complete; whatever is still there at the end, however it ends, is removed."""
     with terminable():
-        path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+        path = _new_folder(parent, prefix)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -112,6 +112,18 @@ def scratch(parent: Path, prefix: str) -> Iterator[Path]:
         finally:
             shutil.rmtree(path, ignore_errors=True)
             os.close(fd)
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """Like tempfile.mkdtemp, but with the umask's permissions rather than 0700: the folder
+    becomes a tree or a copy that others may read."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
 
 
 def _in_use(path: Path) -> bool:
@@ -150,7 +162,7 @@ def publish(ready: Path, dest: Path) -> Path:
     """Rename the complete folder `ready` to `dest`, replacing an older `dest` with two
     renames (the old one is moved aside first), so that `dest` is never half made."""
     if dest.exists():
-        aside = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".old-"))
+        aside = _new_folder(dest.parent, ".old-")
         dest.rename(aside / dest.name)
         ready.rename(dest)
         shutil.rmtree(aside, ignore_errors=True)
