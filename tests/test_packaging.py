@@ -58,7 +58,8 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
           wheel], cwd=root.parent)
     purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                    cwd=root.parent).stdout.strip()
-    Path(purelib, "outer-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    outer = [*site.getsitepackages(), site.getusersitepackages()]
+    Path(purelib, "outer-deps.pth").write_text("\n".join(outer) + "\n")
     return root
 
 
