@@ -11,6 +11,7 @@ import os
 import shutil
 import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ DEFAULT_FEATURE = "kv-rotation"
 
 
 def templates_root() -> Path:
-    """$PORTKIT_TEMPLATES, or the templates/ folder of the portkit checkout."""
+    """$PORTKIT_TEMPLATES; else the templates an installed portkit ships (portkit/templates);
+    else the checkout's top-level templates/, for an editable install (whose import finder
+    cannot map a subpackage onto another folder) or a run from the source tree."""
     env = os.environ.get("PORTKIT_TEMPLATES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "templates"
+    if env:
+        return Path(env)
+    package = Path(str(resources.files("portkit")))
+    shipped = package / "templates"
+    return shipped if shipped.is_dir() else package.parent / "templates"
 
 
 def feature_dir(feature: str, templates: Path | None = None) -> Path:
