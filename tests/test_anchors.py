@@ -71,12 +71,11 @@ def test_warm_resolution_parses_no_whole_file_and_lands_where_cold_did(registry_
     monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
     tree = detect(registry_tree("0.3.17"))
     _, cold = resolve_feature(tree, "kv-rotation")
-    index_mod._recent_trees.clear()  # as in a new process: only the disk cache is warm
     whole_file_parses = []
-    real = index_mod.parse_tree
-    monkeypatch.setattr(index_mod, "parse_tree",
-                        lambda *a: whole_file_parses.append(a) or real(*a))
-    _, warm = resolve_feature(tree, "kv-rotation")
+    real = index_mod.ParseCache.parse
+    monkeypatch.setattr(index_mod.ParseCache, "parse",
+                        lambda self, *a: whole_file_parses.append(a) or real(self, *a))
+    _, warm = resolve_feature(tree, "kv-rotation")  # a new index: only the disk cache is warm
     assert whole_file_parses == []
     statement_points = [p for r in cold.values() for p in r.points.values() if p.start >= 0]
     assert len(statement_points) > 10
