@@ -157,13 +157,13 @@ def _text_between(src: bytes, start: int, end: int) -> str:
 
 
 def squash(text: str) -> str:
-    """One spelling of a type or name: single spaces, `T *`, `T &`, `T **`, `a<b>`."""
+    """One spelling of a type or name: single spaces, `T *`, `T &`, `T **`, `a<b>`, `a, b`."""
     if "*" in text or "&" in text:
         text = text.replace("*", " * ").replace("&", " & ")
         text = " ".join(text.split()).replace("* *", "**").replace("& &", "&&")
     else:
         text = " ".join(text.split())
-    return text.replace("< ", "<").replace(" >", ">")
+    return text.replace("< ", "<").replace(" >", ">").replace(" ,", ",")
 
 
 class ParseCache:
