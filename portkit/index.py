@@ -341,16 +341,16 @@ class _Extractor:
         name = _text(self.src, node.child_by_field_name("name"))
         sym = self.symbol(MACRO, name, name, node, "", body=node.child_by_field_name("value"))
         sym.param_list = _text(self.src, node.child_by_field_name("parameters"))
+        if node.end_point[1] == 0:  # its newline ends a #define, but is not part of it
+            sym.end_byte -= 1
+            sym.end_line -= 1
         self.symbols.append(sym)
 
     def symbol(self, kind: str, name: str, qual: str, node: Node, scope: str,
                body: Node | None = None) -> Symbol:
         start, end = node.start_point, node.end_point
-        end_byte, end_row = node.end_byte, end[0]
-        if end[1] == 0 and end_row > start[0]:  # a preprocessor line ends with its newline
-            end_byte, end_row = end_byte - 1, end_row - 1
         return Symbol(
-            kind, name, qual, self.rel, node.start_byte, end_byte, start[0] + 1, end_row + 1,
+            kind, name, qual, self.rel, node.start_byte, node.end_byte, start[0] + 1, end[0] + 1,
             scope,
             body_start=body.start_byte if body is not None else -1,
             body_end=body.end_byte if body is not None else -1,
@@ -370,8 +370,9 @@ def _type_prefix(src: bytes, node: Node, type_node: Node | None, upto: int) -> s
     qualifiers (`const char`), without storage classes and attributes. An export macro
     before the type (`LLAMA_API int32_t f();`) parses as the type followed by an error that
     holds the real one."""
-    head = src[node.start_byte : upto]
-    if not node.has_error and b"const" not in head and b"volatile" not in head:
+    start = node.start_byte
+    if src.find(b"const", start, upto) < 0 and src.find(b"volatile", start, upto) < 0 and (
+            not node.has_error):
         return _text(src, type_node)  # the usual case, and the cheap one
     parts: list[str] = []
     type_at = -1
