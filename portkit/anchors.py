@@ -695,6 +695,7 @@ class Locator:
         self.target = target
         self._tokens: dict[int, tuple[str, ...]] = {}  # by id() of a symbol of either index
         self._homes: dict[str, list[Candidate]] = {}  # where each base class went
+        self._of_kind: dict[str, list[Symbol]] = {}  # the target's symbols by kind
 
     def locate(self, sym: Symbol, limit: int = 5) -> list[Candidate]:
         named = self._by_name(sym)
@@ -766,7 +767,9 @@ class Locator:
     # by body, members or signature ------------------------------------------------------
 
     def _look_alikes(self, sym: Symbol) -> list[Candidate]:
-        pool = [s for s in self.target.symbols if s.kind == sym.kind]
+        if sym.kind not in self._of_kind:
+            self._of_kind[sym.kind] = [s for s in self.target.symbols if s.kind == sym.kind]
+        pool = self._of_kind[sym.kind]
         if sym.kind in {CLASS, ENUM}:
             mine = self._member_names(self.base, sym)
             if len(mine) < 3:  # two members alike say little

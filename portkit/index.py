@@ -48,9 +48,9 @@ ENUMERATOR = "enumerator"
 VARIABLE = "variable"
 MACRO = "macro"
 
-# What `Index.enclosing` answers with: members (fields, method declarations, enumerators)
-# stand for their class or enum there.
-_ENCLOSING = {FUNCTION, CLASS, ENUM, VARIABLE, MACRO, DECLARATION}
+# Members stand for their class or enum in `Index.enclosing`.
+_MEMBERS = {FIELD, DECLARATION, ENUMERATOR}
+_CONTAINER_KINDS = {CLASS, ENUM}
 
 _SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx"}
 _CLASS_NODES = {"class_specifier", "struct_specifier", "union_specifier"}
@@ -248,14 +248,17 @@ class _Extractor:
             self.visit(child, scope, in_class=True)
 
     def add_enum(self, node: Node, scope: str, span: Node, name: str = "") -> None:
+        """An enum and its enumerators; an anonymous enum's are its scope's own members."""
         body = node.child_by_field_name("body")
         name = _text(self.src, node.child_by_field_name("name")) or name
-        if body is None or not name:
+        if body is None:
             return
-        qual = f"{scope}::{name}" if scope else name
-        sym = self.symbol(ENUM, name, qual, span, scope, body=body)
-        sym.type_text = _text(self.src, node.child_by_field_name("base"))
-        self.symbols.append(sym)
+        qual = scope
+        if name:
+            qual = f"{scope}::{name}" if scope else name
+            sym = self.symbol(ENUM, name, qual, span, scope, body=body)
+            sym.type_text = _text(self.src, node.child_by_field_name("base"))
+            self.symbols.append(sym)
         # the names of a plain enum live in its enclosing scope, an `enum class`'s in its own
         scoped = any(c.type in {"class", "struct"} for c in node.children)
         outer = qual if scoped else scope
@@ -587,17 +590,18 @@ class Index:
 
         A function or method (lambdas and `#if` blocks inside it included), a class, struct,
         union or enum, or a file-scope declaration, variable or macro; a line on a field,
-        a method declaration or an enumerator answers with its class or enum. None for a
-        line between definitions.
+        a method declaration or an enumerator answers with its class or enum (an anonymous
+        enum's enumerator at file scope with itself). None for a line between definitions.
         """
         if file not in self.files:
             raise PortkitError(f"{file} is not in the index of {self.root}")
         holding = sorted((s for s in self.files[file].symbols
-                          if s.kind in _ENCLOSING and s.start_line <= line <= s.end_line),
+                          if s.start_line <= line <= s.end_line),
                          key=lambda s: s.end_byte - s.start_byte)
         for at, sym in enumerate(holding):
-            if sym.kind == DECLARATION and any(o.kind == CLASS for o in holding[at + 1:]):
-                continue  # a method declaration stands for its class
+            if sym.kind in _MEMBERS and any(o.kind in _CONTAINER_KINDS
+                                            for o in holding[at + 1:]):
+                continue
             return sym
         return None
 

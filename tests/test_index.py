@@ -268,6 +268,27 @@ def test_enums_and_their_enumerators():
                                                      "ns::kv_cache::mode::slow"]
 
 
+def test_anonymous_enums_give_their_names_to_their_scope():
+    src = b"""\
+struct cpt_flags {
+    enum {
+        NUMBER = 0x0002,
+        LETTER = 0x0004,
+    };
+    uint16_t is_number : 1;
+};
+enum { GGML_MAX_NAME = 64 };
+"""
+    ix = snippet_index(src)
+    (flags,) = ix.find("cpt_flags")
+    assert [m.name for m in ix.members(flags)] == ["NUMBER", "LETTER", "is_number"]
+    assert ix.find("cpt_flags::LETTER")[0].kind == ENUMERATOR
+    assert ix.enclosing("a.cpp", 4).qualname == "cpt_flags"
+    (max_name,) = ix.find("GGML_MAX_NAME")
+    assert (max_name.qualname, ix.body(max_name)) == ("GGML_MAX_NAME", "64")
+    assert ix.enclosing("a.cpp", 8) is max_name  # no enum to stand for
+
+
 def test_file_scope_variables_with_their_types_and_initialisers():
     ix = snippet_index()
     (names_map,) = ix.find("LLM_ARCH_NAMES")
