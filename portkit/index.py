@@ -285,11 +285,12 @@ class _Extractor:
         fdecl, ptr = _function_declarator(decl)
         if fdecl is None:
             return
-        raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+        raw, misread = self.function_name(fdecl)
         qual = f"{scope}::{raw}" if scope and (in_class or "::" not in raw) else raw
         sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, span,
                           qual.rpartition("::")[0], body=node.child_by_field_name("body"))
-        self.fill_signature(sym, node, fdecl, ptr, decl.start_byte if decl else fdecl.start_byte)
+        self.fill_signature(sym, node, fdecl, ptr, decl.start_byte if decl else fdecl.start_byte,
+                            misread)
         self.symbols.append(sym)
 
     def add_declaration(self, node: Node, scope: str, *, in_class: bool, span: Node) -> None:
@@ -307,11 +308,11 @@ class _Extractor:
         for declarator in declarators:
             fdecl, ptr = _function_declarator(declarator)
             if fdecl is not None:
-                raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+                raw, misread = self.function_name(fdecl)
                 qual = f"{scope}::{raw}" if scope else raw
                 sym = self.symbol(DECLARATION, raw.rsplit("::", 1)[-1], qual, span,
                                   qual.rpartition("::")[0])
-                self.fill_signature(sym, node, fdecl, ptr, declarator.start_byte)
+                self.fill_signature(sym, node, fdecl, ptr, declarator.start_byte, misread)
                 self.symbols.append(sym)
                 continue
             value = None
@@ -360,10 +361,24 @@ class _Extractor:
             has_error=node.has_error,
         )
 
-    def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str, upto: int) -> None:
-        """Parameters, return type and storage of a function whose declarator is at `upto`."""
+    def function_name(self, fdecl: Node) -> tuple[str, Node | None]:
+        """A function's name as written (`klass::name`); and its return type's node when an
+        export macro made tree-sitter read `GGML_API T name(...)` as a name `T name`
+        qualified by `T` (there is no `::` in it)."""
+        inner = fdecl.child_by_field_name("declarator")
+        if inner is not None and inner.type == "qualified_identifier" and (
+                self.src.find(b"::", inner.start_byte, inner.end_byte) < 0):
+            return (_text(self.src, inner.child_by_field_name("name")),
+                    inner.child_by_field_name("scope"))
+        return squash(_text(self.src, inner)), None
+
+    def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str, upto: int,
+                       misread: Node | None = None) -> None:
+        """Parameters, return type and storage of a function whose declarator is at `upto`
+        (`misread`: the return type that tree-sitter took for a qualifier)."""
         sym.param_list = _text(self.src, fdecl.child_by_field_name("parameters"))
-        type_text = _type_prefix(self.src, node, node.child_by_field_name("type"), upto)
+        type_text = (_text(self.src, misread) if misread is not None
+                     else _type_prefix(self.src, node, node.child_by_field_name("type"), upto))
         sym.type_text = f"{type_text} {ptr}" if ptr and type_text else type_text
         sym.is_static = _has_static(self.src, node, fdecl)
 

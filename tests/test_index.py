@@ -324,6 +324,10 @@ def test_types_keep_qualifiers_arrays_and_see_past_export_macros():
     ix = snippet_index()
     (name,) = ix.find("llama_name")
     assert (name.kind, name.returns, name.params) == (DECLARATION, "const char *", ["void"])
+    exported = parse_source(b"GGML_BACKEND_API ggml_backend_t ggml_backend_cpu_init(void);",
+                            "b.h").symbols
+    assert [(s.qualname, s.returns) for s in exported] == [("ggml_backend_cpu_init",
+                                                            "ggml_backend_t")]
     (qs,) = ix.find("block_q4_0::qs")
     assert (qs.kind, qs.returns) == (FIELD, "uint8_t [32]")
     (block,) = ix.find("block_q4_0", {CLASS})  # a typedef names its anonymous struct
