@@ -641,9 +641,7 @@ def _non_ascii(text: str) -> bool:
 def _from_header(author: str) -> str:
     """format-patch's From: name encoded or quoted as needed, the address on its own line when
     the line would be too long."""
-    name, addr = parseaddr(author)
-    if not addr:
-        raise PortkitError(f"author {author!r} has no address (want 'Name <email>')")
+    name, addr = split_author(author)
     start = "From: "
     if _needs_rfc2047(name):
         text, width = _rfc2047(name, len(start), address=True), RFC2047_WIDTH
@@ -652,6 +650,18 @@ def _from_header(author: str) -> str:
     last = len((start + text).rsplit("\n", 1)[-1])
     brk = "\n" if width < last + len(" <") + len(addr) + len(">") else ""
     return f"{start}{text}{brk} <{addr}>\n"
+
+
+def split_author(author: str) -> tuple[str, str]:
+    """Name and address of `Name <email>` (the name may be in RFC 822 quotes, and may hold a
+    comma: git's `%an <%ae>` does not quote it)."""
+    m = re.fullmatch(r"\s*(.*?)\s*<([^<>]+)>\s*", author)
+    if not m:
+        raise PortkitError(f"author {author!r} is not 'Name <email>'")
+    name = m.group(1)
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = re.sub(r"\\(.)", r"\1", name[1:-1])
+    return name, m.group(2)
 
 
 def _quote_name(name: str) -> str:
