@@ -325,8 +325,8 @@ class _Run:
                     doubled.append(hr)
                 results.append(hr)
                 continue
-            source = f.new_path if self.reverse else f.old_path
-            exists = source is not None and (self.tree / source).is_file()
+            # either name will do: a creation's file may be there, a rename may be done
+            exists = any((self.tree / p).is_file() for p in (f.old_path, f.new_path) if p)
             removing = (f.status == "created") if self.reverse else (f.status == "deleted")
             found = self._already_there(f, hunk, start + last_offset, self.fuzz) if (
                 exists or removing) else None

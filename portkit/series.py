@@ -361,13 +361,19 @@ _GIT_EXTENDED = re.compile(
 
 
 def _tree_path(where: str, name: str, strip: int) -> str | None:
+    """The path GNU patch's -p`strip` makes of a name: the shortest prefix holding `strip`
+    slashes (a run of slashes counting as one) removed."""
     if name == "/dev/null":
         return None
-    name = unquote_path(name)
-    parts = [p for p in name.split("/") if p]
-    if len(parts) <= strip:
-        raise PortkitError(f"{where}: cannot strip {strip} components from {name}")
-    return "/".join(parts[strip:])
+    path = unquote_path(name)
+    for _ in range(strip):
+        m = re.match(r"[^/]*/+", path)
+        if not m:
+            raise PortkitError(f"{where}: cannot strip {strip} components from {name}")
+        path = path[m.end():]
+    if not path:
+        raise PortkitError(f"{where}: {name} names no file")
+    return path
 
 
 def _hunk(path: str, h: UnidiffHunk, index: int, patch_index: int, lines: list[str]) -> Hunk:
