@@ -47,7 +47,9 @@ class HunkResult:
     status: str  # clean, offset, fuzz, already-applied or failed
     offset: int = 0  # lines from where the hunk says it belongs (GNU patch's figure)
     fuzz: int = 0
-    line: int | None = None  # where it landed (or its new side was found, or was expected)
+    # where it landed (GNU patch's figure, in the patched file), where its new side was found
+    # (already-applied, in the file before the patch), or where GNU patch expected it (failed)
+    line: int | None = None
     reason: str = ""  # why it failed
     hunk: Hunk | None = field(default=None, repr=False, compare=False)
 
@@ -161,12 +163,12 @@ def _refuse_unsafe_paths(patch: Patch) -> None:
 
 @functools.cache
 def _check_gnu_patch() -> None:
-    out = _gnu(["--version"], Path.cwd())[1]
+    out = _gnu(["--version"])[1]
     if not out or "GNU patch" not in out[0]:
         raise PortkitError("`patch` is not GNU patch (install the Debian package `patch`)")
 
 
-def _gnu(args: list[str], cwd: Path) -> tuple[int, list[str]]:
+def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
     """Run GNU patch in the C locale; its exit code and output lines. (Not proc.run, which
     inherits stdin and decodes strictly: GNU patch prints file names as raw bytes.)"""
     env = {k: v for k, v in os.environ.items() if k not in _PATCH_ENV}
@@ -249,7 +251,6 @@ class _Run:
         self.fuzz = fuzz
         self.reverse = reverse
         self.exact = exact
-        self.counter = 0
 
     def patch(self, patch: Patch) -> PatchResult:
         shutil.rmtree(self.trial, ignore_errors=True)
@@ -278,8 +279,8 @@ class _Run:
                 *(["--dry-run"] if dry_run else []), "-i", str(patch_file)]
 
     def _write(self, text: str) -> Path:
-        self.counter += 1
-        path = self.trial.parent / f"section-{self.counter}.diff"
+        """The patch file GNU patch reads next (one at a time)."""
+        path = self.trial.parent / "section.diff"
         path.write_bytes(text.encode("utf-8", "surrogateescape"))
         return path
 
@@ -295,7 +296,7 @@ class _Run:
         settled: dict[int, HunkResult] = {}
         while True:
             todo = [h for h in f.hunks if h.index not in settled]
-            results, doubled = self._section(patch, f, todo)
+            results, doubled = self._section(patch, f, todo) if todo else ([], [])
             if not doubled or any(r.status == FAILED for r in results):
                 break
             settled.update((r.index, r) for r in doubled)
@@ -346,11 +347,11 @@ class _Run:
         start = hunk.new_start if self.reverse else hunk.old_start
         if verdict.fuzz or verdict.offset:
             found = self._already_there(f, hunk, at, self.fuzz)
-            ahead, behind = ((hunk.old_lines, hunk.new_lines) if self.reverse
-                             else (hunk.new_lines, hunk.old_lines))
+            placed, present = ((hunk.new_lines, hunk.old_lines) if self.reverse
+                               else (hunk.old_lines, hunk.new_lines))
             if found is not None and (
-                    len(behind) - 2 * verdict.fuzz, -abs(verdict.offset)) < (
-                    len(ahead) - 2 * found.fuzz, -abs(found.line - start)):
+                    len(placed) - 2 * verdict.fuzz, -abs(verdict.offset)) < (
+                    len(present) - 2 * found.fuzz, -abs(found.line - start)):
                 return self._already(base, hunk, found, start)
         if self.exact and verdict.offset:
             return replace(base, line=verdict.line, offset=verdict.offset,
@@ -388,6 +389,7 @@ class _Run:
             if rel is None:
                 continue
             if (self.tree / rel).is_file():
+                (self.trial / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(self.tree / rel, self.trial / rel)
             else:
                 (self.trial / rel).unlink(missing_ok=True)
@@ -413,6 +415,8 @@ class _Run:
         """A rename, mode change or empty-file creation or deletion, without hunks."""
         old = f.new_path if self.reverse else f.old_path
         new = f.old_path if self.reverse else f.new_path
+        if f.status == "modified" and not (f.header("old mode") and f.header("new mode")):
+            return  # nothing to do (an `index` line alone)
         if old is not None and new is not None and old != new:
             if not (self.trial / old).exists():
                 if not (self.trial / new).exists():

@@ -37,7 +37,7 @@ RFC2047_WIDTH = 76
 
 T = TypeVar("T")
 Kind = Literal["format-patch", "quilt", "plain"]
-FileStatus = Literal["modified", "created", "deleted", "renamed"]
+FileStatus = Literal["modified", "created", "deleted", "renamed", "copied"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +220,11 @@ def read_series(path: Path) -> Series:
         kind: Kind = "quilt"
     else:
         series_file = None
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in PATCH_SUFFIXES)
+        try:
+            files = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.suffix in PATCH_SUFFIXES)
+        except OSError as exc:
+            raise PortkitError(f"{path}: cannot list it ({exc.strerror})") from exc
         patches = tuple(_read_patch(path, p.name, 1) for p in files)
         kind = "format-patch" if any(p.is_mail for p in patches) else "plain"
     if not patches:
@@ -325,8 +329,9 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
             pass  # the `-- ` line is a removed "- " line of the last hunk
     try:
         return PatchSet("".join(lines)), len(lines)
-    except (UnidiffParseError, UnicodeError) as exc:
-        raise PortkitError(f"{where}: malformed diff ({exc})") from exc
+    except UnidiffParseError as exc:
+        detail = str(exc).strip().split("\n")[0]
+        raise PortkitError(f"{where}: malformed diff ({detail})") from exc
 
 
 def _hunk_offsets(patchset: PatchSet) -> list[int]:
@@ -347,8 +352,9 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
     info = list(f.patch_info or [])
     git = bool(info) and info[0].startswith("diff --git ")
     extended = tuple(line for line in info[1:] if git and _GIT_EXTENDED.match(line))
+    copied = any(line.startswith("copy from ") for line in extended)
     status: FileStatus = ("created" if old is None else "deleted" if new is None
-                          else "renamed" if old != new else "modified")
+                          else "modified" if old == new else "copied" if copied else "renamed")
     path = new or old
     assert path is not None
     hunks = tuple(_hunk(path, h, i, first_index + i, lines) for i, h in enumerate(f))
@@ -587,7 +593,8 @@ def new_patch(conventions: Conventions, *, subject: str, body: str, author: str,
               total: int | None = None, commit: str | None = None) -> Patch:
     """A new patch written as the series writes its patches: the mail as `git format-patch`
     with the series' options would write it for that commit (or as MailPatch.render does, for
-    portkit's own style), named NNNN-slug.patch. `diff` is the commit's diff as git shows it."""
+    portkit's own style), named NNNN-slug.patch. `diff` is the commit's diff as git shows it
+    (with `index` lines when the series has them: conventions.index_lines)."""
     number = conventions.next_number if number is None else number
     total = number if total is None else total
     text = render_mail(conventions, subject=subject, body=body, author=author, date=date,
@@ -821,7 +828,7 @@ def diffstat(diff: str) -> str:
 
 
 def _stat_name(f: FileDiff) -> str:
-    if f.status != "renamed":
+    if f.status not in ("renamed", "copied"):
         return quote_path(f.path)
     assert f.old_path is not None and f.new_path is not None
     return _rename_name(f.old_path, f.new_path)
@@ -860,8 +867,9 @@ def _summary(f: FileDiff) -> list[str]:
     if f.status == "deleted":
         return [f" delete mode {f.header('deleted file mode')} {name}\n"]
     lines = []
-    if f.status == "renamed" and f.header("rename from") is not None:
-        lines.append(f" rename {_stat_name(f)} ({f.header('similarity index')})\n")
+    if f.status in ("renamed", "copied"):
+        kind = "rename" if f.status == "renamed" else "copy"
+        lines.append(f" {kind} {_stat_name(f)} ({f.header('similarity index')})\n")
     old_mode, new_mode = f.header("old mode"), f.header("new mode")
     if old_mode and new_mode:
         lines.append(f" mode change {old_mode} => {new_mode} {name}\n")

@@ -342,6 +342,7 @@ def test_binary_patches_are_reported_not_parsed(tmp_path):
     (b"\x00\xff garbage \x89PNG\r\n", "no diff in it"),
     (b"From: someone\nSubject: [PATCH] words only\n\nno diff here\n", "no diff in it"),
     (b"--- a/x.c\n+++ b/x.c\n@@ -1,3 +1,3 @@\n a\n-b\n", "malformed diff"),
+    (b"--- a/x.c\n+++ b/x.c\n@@ -1,2 +1,2 @@\n a\n?b\n", "malformed diff"),
 ])
 def test_hostile_patch_files_are_one_line_errors(tmp_path, content, message):
     folder = tmp_path / "s"
