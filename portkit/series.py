@@ -351,6 +351,11 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
         raise PortkitError(f"{where}: a diff from /dev/null to /dev/null")
     info = list(f.patch_info or [])
     git = bool(info) and info[0].startswith("diff --git ")
+    if not git and old and new and old != new:
+        # Without git's header a diff renames nothing: it patches one file, the one GNU patch
+        # prefers (fewest components, then shortest base name, then shortest name).
+        old = new = min((old, new), key=lambda p: (p.count("/"), len(p.rsplit("/", 1)[-1]),
+                                                   len(p)))
     extended = tuple(line for line in info[1:] if git and _GIT_EXTENDED.match(line))
     copied = any(line.startswith("copy from ") for line in extended)
     status: FileStatus = ("created" if old is None else "deleted" if new is None

@@ -329,6 +329,22 @@ def test_creation_rename_and_deletion_from_real_git(tmp_path):
         assert {h.status for h in again.hunks} == {ALREADY}
 
 
+def test_a_quilt_series_applies_with_its_strip_levels(tmp_path):
+    quilt = tmp_path / "quilt"
+    quilt.mkdir()
+    after = b"".join(edited(ORIGINAL, dict([change(9, 2, "    return 9;\n")])))
+    p1 = file_diff(KV, b"".join(ORIGINAL), after).replace(b" a/", b" ").replace(b" b/", b" ")
+    p2 = file_diff(KV, after, after.replace(b"return 9;", b"return 99;")).replace(
+        b" a/", b" x/y/").replace(b" b/", b" x/y/")
+    (quilt / "p0.diff").write_bytes(b"Description: strip nothing\n\n" + p1)
+    (quilt / "p2.diff").write_bytes(p2)
+    (quilt / "series").write_text("p0.diff -p0\np2.diff -p2\n")
+    tree = write_tree(tmp_path / "tree", {KV: b"".join(ORIGINAL)})
+    with apply_hunks(read_series(quilt), tree) as result:
+        assert result.ok and [h.file for h in result.hunks] == [KV, KV]
+        assert b"return 99;" in (result.files[KV] or b"")
+
+
 def test_exact_mode_takes_no_fuzz_and_no_offset(drifted, tmp_path):
     series = [one_change("offset", 30, 2, "    return y + 300;\n"),
               one_change("fuzz", 20, 2, "    return y + 60;\n")]

@@ -305,6 +305,14 @@ def test_quilt_strip_levels_name_tree_paths(history, tmp_path):
     assert patch.strip == 0 and [f.path for f in patch.files] == ["src/graph.cpp"]
 
 
+def test_a_plain_diff_patches_one_file_whatever_its_two_names():
+    """Without git's header, `--- x.c.orig` / `+++ x.c` is no rename: GNU patch patches x.c."""
+    patch = parse_patch("orig.diff", b"--- src/x.c.orig\t2020-01-01\n+++ src/x.c\t2020-01-02\n"
+                        b"@@ -1 +1 @@\n-a\n+b\n", strip=0)
+    (f,) = patch.files
+    assert (f.status, f.old_path, f.new_path, f.git) == ("modified", "src/x.c", "src/x.c", False)
+
+
 def test_plain_diffs_make_a_plain_series(history, tmp_path):
     folder = tmp_path / "plain"
     folder.mkdir()
