@@ -3,9 +3,11 @@
 GNU patch does all the matching, so offsets and fuzz are its own figures. Each file of each
 patch goes to it alone, and its per-hunk verdicts are read back. A hunk it cannot place is
 tried once more, alone and reversed (dry run): if its new side is already there, the hunk is
-`already-applied`, else `failed`, with a reason. A patch is kept in the scratch when none of
-its hunks failed (its already-applied hunks are skipped, the others applied); otherwise it is
-left out and the next patches run without it.
+`already-applied`, else `failed`, with a reason. A hunk it places only with fuzz or at an
+offset is tried reversed too: when its new side matches better than its old side did, it is
+already applied (GNU patch would have added it a second time). A patch is kept in the scratch
+when none of its hunks failed (its already-applied hunks are skipped, the others applied);
+otherwise it is left out and the next patches run without it.
 
 GNU patch runs with --force, not --batch: --batch takes a first hunk that looks reversed as a
 reason to apply the whole file reversed, and --forward skips the whole file; --force assumes
@@ -35,7 +37,7 @@ DEFAULT_FUZZ = 2
 
 # Variables that change what GNU patch does or prints.
 _PATCH_ENV = ("POSIXLY_CORRECT", "PATCH_GET", "PATCH_VERSION_CONTROL", "VERSION_CONTROL",
-              "SIMPLE_BACKUP_SUFFIX", "QUOTING_STYLE", "TMPDIR_PATCH")
+              "SIMPLE_BACKUP_SUFFIX", "QUOTING_STYLE")
 
 
 @dataclass(frozen=True)

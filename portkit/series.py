@@ -214,7 +214,10 @@ def read_series(path: Path) -> Series:
         raise PortkitError(f"{path}: not a patch series folder")
     listing = path / "series"
     if listing.is_file():
-        series_file = listing.read_bytes()
+        try:
+            series_file = listing.read_bytes()
+        except OSError as exc:
+            raise PortkitError(f"{listing}: cannot read it ({exc.strerror})") from exc
         entries = _quilt_entries(listing, series_file)
         patches = tuple(_read_patch(path, name, strip) for name, strip in entries)
         kind: Kind = "quilt"
