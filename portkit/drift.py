@@ -50,6 +50,7 @@ from portkit.drift_model import (
     TargetDrift,
 )
 from portkit.errors import PortkitError
+from portkit.features import Feature, templates_root
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
@@ -67,6 +68,7 @@ from portkit.index import (
     Symbol,
     flat,
 )
+from portkit.render import upstream_patches
 from portkit.series import Hunk, Patch, Series, parse_patch
 from portkit.tree import Tree
 
@@ -228,10 +230,12 @@ def _find_block(haystack: list[str], needle: list[str], near: int) -> int | None
 class _Target:
     """One target: the engine's run of the series on it, and the follow-up of failed hunks."""
 
-    def __init__(self, series: Series, base: Side, target: Side) -> None:
+    def __init__(self, series: Series, base: Side, target: Side,
+                 upstream: dict[str, str] | None = None) -> None:
         self.series = series
         self.base = base
         self.target = target
+        self.upstream = upstream or {}  # subject -> why, for a feature series portkit knows
         self.locator = Locator(base.index, target.index)
         self.current: dict[str, bytes | None] = {}
         self.homes: dict[str, str | None] = {}
@@ -246,14 +250,21 @@ class _Target:
                 hunks = []
                 for hr in presult.hunks:
                     assert hr.hunk is not None
+                    line = at.get(hr.hunk.patch_index, 1)
+                    if patch.subject in self.upstream:
+                        hunks.append(HunkDrift(
+                            hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
+                            f"the feature upstream ({self.upstream[patch.subject]})", line))
+                        continue
                     hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
-                                            hr.reason, at.get(hr.hunk.patch_index, 1)))
+                                            hr.reason, line))
                 if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
                     where = patch.paths[0] if patch.paths else patch.name
                     hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                              for problem in presult.problems or ["the patch changes no text"]]
+                there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
                 patches.append(PatchDrift(patch.name, patch.subject, tuple(hunks),
-                                          tuple(self.semantic(patch))))
+                                          () if there else tuple(self.semantic(patch))))
         return TargetDrift(self.target.label, self.target.pin, tuple(patches))
 
     # -- one hunk ----------------------------------------------------------------------
@@ -263,6 +274,10 @@ class _Target:
         base_sym = self.base_symbol(hunk)
         name = base_sym.qualname if base_sym else None
         if status in (H_CLEAN, H_OFFSET, H_FUZZ):
+            upstream = self.upstream_in_place(hunk, base_sym)
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"it applies as text, but {upstream}", patch_line, symbol=name)
             mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
             said = "applies as it is" if mapped == CLEAN else (
                 f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
@@ -273,6 +288,19 @@ class _Target:
                              "the target has exactly this change (it reverse-applies)",
                              patch_line, symbol=name)
         return self.follow(hunk, base_sym, reason, patch_line)
+
+    def upstream_in_place(self, hunk: Hunk, base_sym: Symbol | None) -> str:
+        """For a hunk that lands: does the target already have what it adds, by the new
+        names it brings (upstream's own version of the same change)?"""
+        if base_sym is not None:
+            cand, _ = self.located(base_sym)
+            if cand is not None:
+                tsym = cand.symbol
+                why = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line),
+                                   verbatim=False)
+                return f"{tsym.qualname} in the target has it already: {why}" if why else ""
+        why = self.present(hunk, hunk.path, None, verbatim=False)
+        return f"{hunk.path} in the target has it already: {why}" if why else ""
 
     def base_symbol(self, hunk: Hunk) -> Symbol | None:
         """The base's symbol around the hunk's first change."""
@@ -302,6 +330,11 @@ class _Target:
         cand, why_not = self.located(base_sym) if base_sym else (None, "")
         if cand is not None and base_sym is not None:
             tsym = cand.symbol
+            upstream = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line))
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"{tsym.qualname} in the target has it already: {upstream}",
+                                 patch_line, symbol=name)
             moved = self.relocate(hunk, base_sym, tsym)
             if moved is not None:
                 line, offset, fuzz = moved
@@ -313,11 +346,6 @@ class _Target:
                     f"{' (' + where.strip() + ')' if where.strip() else ''}; found by "
                     f"{cand.strategy}", patch_line, offset, fuzz, name,
                     Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
-            upstream = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line))
-            if upstream:
-                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
-                                 f"{tsym.qualname} in the target has it already: {upstream}",
-                                 patch_line, symbol=name)
             return HunkDrift(hunk.path, hunk.old_start, CONFLICT,
                              f"context changed in {tsym.qualname} ({tsym.where})", patch_line,
                              symbol=name, nearest=self.nearest(hunk, tsym.file,
@@ -333,6 +361,11 @@ class _Target:
                              nearest=self.nearest(hunk, hunk.path, None))
         home = self.home(hunk.path)
         if home is not None and (base_sym is None or cand is None):
+            upstream = self.present(hunk, home, None, verbatim=base_sym is None)
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"{home} in the target has it already: {upstream}",
+                                 patch_line, symbol=name)
             moved = self.relocate_in_file(hunk, home)
             if moved is not None:
                 line, offset, fuzz = moved
@@ -435,20 +468,23 @@ class _Target:
 
     # -- already there ----------------------------------------------------------------
 
-    def present(self, hunk: Hunk, rel: str, span: tuple[int, int] | None) -> str:
-        """Why the target (its file `rel`, within `span` lines) has the hunk's change already,
-        or "" when it does not: every meaningful added line is there and no removed line is
-        left; or every name the hunk brings that the base does not have is used there."""
-        current = self._current(rel)
-        if current is None:
+    def present(self, hunk: Hunk, rel: str, span: tuple[int, int] | None, *,
+                verbatim: bool = True) -> str:
+        """Why the target as upstream has it (its file `rel`, within `span` lines) has the
+        hunk's change already, or "" when it does not: every meaningful added line is there
+        and no removed line is left (`verbatim`); or every name the hunk brings that the base
+        does not have is used there."""
+        text = self.target.text(rel)
+        if text is None:
             return ""
-        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        lines = text.splitlines()
         if span is not None:
             lines = lines[max(span[0] - 1, 0):span[1]]
         here = {flat(line) for line in lines}
         added = _meaningful(hunk.added)
         removed = [r for r in _meaningful(hunk.removed) if r not in set(added)]
-        if added and all(a in here for a in added) and not any(r in here for r in removed):
+        if verbatim and added and all(a in here for a in added) \
+                and not any(r in here for r in removed):
             return f"all {len(added)} added lines are there"
         known = self.base.words.get(hunk.path, self.base.all_words)
         new_names = [w for w in identifiers(hunk.added) if w not in known]
@@ -608,14 +644,34 @@ def drift(job: DriftInput, fork: Tree | None = None) -> DriftReport:
     patterns = _patterns(job.series)
     if job.base is None and fork is None:
         raise PortkitError("drift needs the tree the series was written against (--base)")
+    feature = feature_of(job.series)
     with _base_root(job, fork) as (base_root, base_pin):
         base = Side("base", base_root, patterns, base_pin)
         targets = []
         for label, tree in job.targets:
+            upstream = _upstream(feature, tree) if feature else {}
             with tree_view(tree) as root:
-                targets.append(_Target(job.series, base, Side(label, root, patterns,
-                                                              tree.pin)).run())
+                targets.append(_Target(job.series, base, Side(label, root, patterns, tree.pin),
+                                       upstream).run())
     return DriftReport(job.series_label, tuple(targets))
+
+
+def feature_of(series: Series) -> Feature | None:
+    """The portkit feature a series was rendered from (every subject is one of its manifest's
+    patches), whose manifest then says when a patch is upstream in another form."""
+    subjects = {p.subject for p in series.patches}
+    for manifest in sorted(templates_root().glob("*/manifest.toml")):
+        feature = Feature.load(manifest.parent.name)
+        if subjects and subjects <= {spec.subject for spec in feature.manifest.patches}:
+            return feature
+    return None
+
+
+def _upstream(feature: Feature, tree: Tree) -> dict[str, str]:
+    try:
+        return upstream_patches(feature, feature.resolve(tree))
+    except PortkitError:  # the feature's anchors are not all in this tree: say nothing
+        return {}
 
 
 @contextmanager
