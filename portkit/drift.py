@@ -251,7 +251,7 @@ class _Target:
                 for hr in presult.hunks:
                     assert hr.hunk is not None
                     line = at.get(hr.hunk.patch_index, 1)
-                    if patch.subject in self.upstream:
+                    if patch.subject in self.upstream and hr.status != ALREADY:
                         hunks.append(HunkDrift(
                             hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
                             f"the feature upstream ({self.upstream[patch.subject]})", line))

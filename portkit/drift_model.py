@@ -6,8 +6,8 @@ serialises to the JSON schema `portkit-drift/1` and reads it back, checking shap
 Statuses of a hunk, best to worst: clean, offset, fuzz, relocated, conflict; and two that say
 the change is in the tree already: already-applied and present-upstream. A patch takes its
 worst hunk's status under the order of RANK, in which the two "already there" statuses rank
-below clean: a patch whose hunks are all already there takes one of them (present-upstream
-when every hunk is present upstream, else already-applied), and a patch with some hunks
+below clean: a patch whose hunks are all already there takes one of them (already-applied
+when every hunk is there verbatim, else present-upstream), and a patch with some hunks
 already there and some not takes the worst of the others (its hunk counts still show the
 rest).
 """
@@ -36,8 +36,9 @@ PRESENT_UPSTREAM = "present-upstream"
 # statuses of a change that is in the tree already.
 STATUSES = (CLEAN, OFFSET, FUZZ, RELOCATED, CONFLICT, ALREADY_APPLIED, PRESENT_UPSTREAM)
 # Order for worst(): higher is worse. A hunk already in the tree needs nothing, so it ranks
-# below clean; present-upstream is the narrower claim, so a mix of the two is already-applied.
-RANK = {PRESENT_UPSTREAM: 0, ALREADY_APPLIED: 1, CLEAN: 2, OFFSET: 3, FUZZ: 4, RELOCATED: 5,
+# below clean; already-applied is the narrower claim (the exact patch is there), so a patch
+# whose hunks are there partly verbatim and partly in upstream's own form is present-upstream.
+RANK = {ALREADY_APPLIED: 0, PRESENT_UPSTREAM: 1, CLEAN: 2, OFFSET: 3, FUZZ: 4, RELOCATED: 5,
         CONFLICT: 6}
 
 # The summary counts patches per status; SEMANTIC counts, on top, the patches with semantic

@@ -94,7 +94,7 @@ def target_b() -> TargetDrift:
             hunk(PRESENT_UPSTREAM, reason="upstream commit 744c0c73 has this change"),)),
         PatchDrift(P5, "common: parse rotation options", (
             hunk(ALREADY_APPLIED, reason="the tree already has this hunk"),
-            hunk(PRESENT_UPSTREAM, reason="upstream has this hunk"))),
+            hunk(ALREADY_APPLIED, reason="and this one"))),
     ))
 
 
@@ -134,7 +134,9 @@ def test_a_patch_takes_its_worst_hunks_status() -> None:
     assert worst([CLEAN, OFFSET, FUZZ]) == FUZZ
     assert worst([RELOCATED, CONFLICT, CLEAN]) == CONFLICT
     assert worst([PRESENT_UPSTREAM, PRESENT_UPSTREAM]) == PRESENT_UPSTREAM
-    assert worst([PRESENT_UPSTREAM, ALREADY_APPLIED]) == ALREADY_APPLIED
+    assert worst([ALREADY_APPLIED, ALREADY_APPLIED]) == ALREADY_APPLIED
+    # Partly verbatim, partly in upstream's own form: upstream has it, not this patch as is.
+    assert worst([PRESENT_UPSTREAM, ALREADY_APPLIED]) == PRESENT_UPSTREAM
     # A change partly in the tree already: the rest decides.
     assert worst([PRESENT_UPSTREAM, OFFSET]) == OFFSET
     assert worst([]) == CLEAN

@@ -1,0 +1,120 @@
+"""`portkit drift` on real material: the rotation series rendered for 0.3.16, followed across the
+`llama_kv_cache_unified` rename (0.3.17, 0.3.19) to upstream's own rotation (0.3.20, 0.3.36);
+and, offline, the same series rendered on the fixture tree shaped like 0.3.16, followed into
+the one shaped like 0.3.17."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from portkit import drift_model as dm
+from portkit.drift import DriftInput, drift, identifiers
+from portkit.render import render, write_series
+from portkit.series import read_series
+from portkit.tree import detect
+
+REPO = Path(__file__).resolve().parent.parent
+ROTATION_0_3_16 = REPO / "patches" / "kv-rotation" / "4227c9be4268ac844921b90f31595f81236bd317"
+OLD_FILES = {"src/llama-kv-cache-unified.cpp", "src/llama-kv-cache-unified.h"}
+NEW_FILES = {"src/llama-kv-cache.cpp", "src/llama-kv-cache.h"}
+
+
+def _report(base: Path, targets: dict[str, Path], series: Path) -> dm.DriftReport:
+    job = DriftInput(read_series(series), str(series), detect(base),
+                     [(label, detect(path)) for label, path in targets.items()])
+    return drift(job)
+
+
+@pytest.fixture(scope="module")
+def rotation_report(registry_tree) -> dm.DriftReport:
+    targets = {v: registry_tree(v) for v in ("0.3.17", "0.3.19", "0.3.20", "0.3.36")}
+    return _report(registry_tree("0.3.16"), targets, ROTATION_0_3_16)
+
+
+def _target(report: dm.DriftReport, label: str) -> dm.TargetDrift:
+    return next(t for t in report.targets if t.target == label)
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_rotation_series_is_followed_across_the_unified_rename(rotation_report, version):
+    target = _target(rotation_report, version)
+    hunks = [h for p in target.patches for h in p.hunks]
+    renamed = [h for h in hunks if h.file in OLD_FILES]
+    # The files are gone; nothing in them can apply where it was.
+    assert renamed and not [h for h in renamed if h.status in (dm.CLEAN, dm.OFFSET, dm.FUZZ)]
+    relocated = [h for h in renamed if h.status == dm.RELOCATED]
+    assert all(h.moved_to is not None and h.moved_to.file in NEW_FILES for h in relocated)
+    # The class went by its alias; the constructor with it.
+    ctor = next(h for h in relocated
+                if h.symbol == "llama_kv_cache_unified::llama_kv_cache_unified")
+    assert ctor.moved_to is not None
+    assert (ctor.moved_to.symbol, ctor.moved_to.how) == ("llama_kv_cache::llama_kv_cache", "alias")
+    # get_padding is gone from the newer trees: what patch 2 placed beside it is a conflict.
+    padding = next(h for h in renamed if h.symbol == "llama_kv_cache_unified::get_padding")
+    assert padding.status == dm.CONFLICT and "get_padding is not in the target" in padding.reason
+    # The iSWA input builder lost its suffix: found by alias in the same file.
+    iswa = next(h for h in hunks
+                if h.symbol == "llm_graph_context::build_attn_inp_kv_unified_iswa")
+    assert iswa.status == dm.RELOCATED and iswa.moved_to is not None
+    assert iswa.moved_to.symbol == "llm_graph_context::build_attn_inp_kv_iswa"
+    # Head sizes became methods: the patches that read them as fields drift semantically.
+    first = target.patches[0]
+    changes = {s.symbol: s for s in first.semantic}
+    assert changes["n_embd_head_k"].change == "type"
+    assert "declaration now" in changes["n_embd_head_k"].detail
+    # Nothing is called upstream that is not.
+    assert not [h for h in hunks if h.status == dm.PRESENT_UPSTREAM]
+
+
+@pytest.mark.parametrize("version", ["0.3.20", "0.3.36"])
+def test_rotation_series_is_present_upstream_where_upstream_has_it(rotation_report, version):
+    target = _target(rotation_report, version)
+    assert [p.status for p in target.patches] == [dm.PRESENT_UPSTREAM] * 5
+    assert all(not p.semantic for p in target.patches)
+    assert dm.exit_code(rotation_report.__class__(rotation_report.series, (target,))) == 0
+
+
+def test_report_reads_back_from_its_json(rotation_report):
+    assert dm.DriftReport.from_json(rotation_report.to_json()) == rotation_report
+
+
+def test_identifiers_skip_keywords_strings_and_comments():
+    assert identifiers(['    if (ctx->n_rot > 0) { log("n_rot stays"); } // n_ignored\n']) == \
+        ["ctx", "n_rot", "log"]
+
+
+# -- offline: the fixture trees -----------------------------------------------------------------
+
+
+def test_fixture_series_relocates_across_the_rename(fixture_tree, tmp_path):
+    old = fixture_tree("old")
+    series = tmp_path / "series"
+    write_series(render(detect(old), "kv-rotation"), series)
+    report = _report(old, {"renamed": fixture_tree("renamed")}, series)
+    (target,) = report.targets
+    statuses = Counter(h.status for p in target.patches for h in p.hunks)
+    assert statuses[dm.RELOCATED] > 0 and statuses[dm.PRESENT_UPSTREAM] == 0
+    for hunk in (h for p in target.patches for h in p.hunks if h.status == dm.RELOCATED):
+        assert hunk.moved_to is not None and hunk.moved_to.how in dm.MOVE_HOWS
+        assert hunk.reason
+    conflicts = [h for p in target.patches for h in p.hunks if h.status == dm.CONFLICT]
+    assert all(h.reason for h in conflicts)
+
+
+def test_fixture_series_is_already_applied_to_the_tree_it_patched(fixture_tree, tmp_path):
+    old = fixture_tree("old")
+    series = tmp_path / "series"
+    rendered = render(detect(old), "kv-rotation")
+    write_series(rendered, series)
+    patched = fixture_tree("old")
+    from portkit.hunks import apply_hunks
+    with apply_hunks(read_series(series), patched) as result:
+        assert result.ok
+        for rel, data in result.files.items():
+            assert data is not None
+            (patched / rel).write_bytes(data)
+    report = _report(old, {"patched": patched}, series)
+    assert {p.status for p in report.targets[0].patches} == {dm.ALREADY_APPLIED}
