@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
+# The patches below embed llama.cpp source lines verbatim; they cannot be wrapped.
+# ruff: noqa: E501
 """Regenerate the fork-style patch series and its hand-made rebase expectations.
 
-series/                 the fork's patches, written against llama.cpp 4227c9be (llama-cpp-python 0.3.16)
+series/                 the fork's patches, on llama.cpp 4227c9be (llama-cpp-python 0.3.16)
 expected/0.3.17/        the same edits made by hand on 49bfddec (llama-cpp-python 0.3.17)
 expected/0.3.19/        the same edits made by hand on c0159f9c (llama-cpp-python 0.3.19)
 
@@ -15,6 +17,7 @@ expected files share From/Date/Subject/body with the series and differ only in t
 
 Usage:  make_series.py            write series/ and expected/
         make_series.py --check    regenerate into a temporary directory and compare byte for byte
+        make_series.py --keep DIR also keep the throw-away repositories (DIR must not exist)
 The trees come from $PORTKIT_CACHE/trees (default ~/.cache/portkit/trees), as fetched by portkit.
 """
 
@@ -88,7 +91,9 @@ GRAPH_CPP = "src/llama-graph.cpp"
 PATCHES: list[Patch] = []
 
 
-def patch(author: str, date: str, subject: str, body: str, edits: list[Edit], **targets: object) -> None:
+def patch(
+    author: str, date: str, subject: str, body: str, edits: list[Edit], **targets: object
+) -> None:
     """Declare the next patch of the series; targets are given as v0_3_17=..., v0_3_19=..."""
     versions = {k.removeprefix("v").replace("_", "."): v for k, v in targets.items()}
     assert set(versions) == set(TARGETS), versions
@@ -140,7 +145,18 @@ CPU backend fails. Only disable power throttling with MSVC/clang-cl.
         #if _WIN32_WINNT >= 0x0602
 """, r"""
         // n_threads > 4
+        // MinGW declares SetThreadInformation() but not THREAD_POWER_THROTTLING_STATE and its
+        // constants: only MSVC and clang-cl builds can turn power throttling off here
         #if _WIN32_WINNT >= 0x0602 && !defined(__GNUC__)
+"""),
+       E("ggml/src/ggml-cpu/ggml-cpu.c", r"""
+            return false;
+        }
+        #endif
+""", r"""
+            return false;
+        }
+        #endif // _WIN32_WINNT >= 0x0602 && !defined(__GNUC__)
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
 
@@ -153,12 +169,24 @@ debug builds. Release builds then fail much later with an unrelated error.
 Always print it, as a warning.
 """,
       [E(GGML_ALLOC, r"""
+        if (galloc->n_buffers == 1) {
+#ifndef NDEBUG
+            GGML_LOG_DEBUG("%s: reallocating buffers automatically\n", __func__);
+#endif
+            if (!ggml_gallocr_reserve(galloc, graph)) {
+                return false;
+            }
         } else {
 #ifndef NDEBUG
             GGML_LOG_DEBUG("%s: cannot reallocate multi buffer graph automatically, call reserve\n", __func__);
 #endif
             return false;
 """, r"""
+        if (galloc->n_buffers == 1) {
+            GGML_LOG_DEBUG("%s: reallocating buffers automatically\n", __func__);
+            if (!ggml_gallocr_reserve(galloc, graph)) {
+                return false;
+            }
         } else {
             GGML_LOG_WARN("%s: cannot reallocate multi buffer graph automatically, call reserve\n", __func__);
             return false;
@@ -178,7 +206,11 @@ took us a day to track down. Fail early in the graph builder instead.
         GGML_ASSERT(mask->ne[1] >= GGML_PAD(q->ne[1], GGML_KQ_MASK_PAD) &&
 """, r"""
     if (mask) {
+        // every flash attention kernel reads the mask as F16: an F32 mask is accepted by the
+        // CPU backend but silently misread by the CUDA and Metal kernels, so refuse it here
+        // rather than produce garbage (the graph casts the mask, see self_kq_mask_cnv)
         GGML_ASSERT(mask->type == GGML_TYPE_F16);
+
         GGML_ASSERT(ggml_is_contiguous(mask));
         GGML_ASSERT(mask->ne[1] >= GGML_PAD(q->ne[1], GGML_KQ_MASK_PAD) &&
 """)],
@@ -189,7 +221,11 @@ took us a day to track down. Fail early in the graph builder instead.
         //GGML_ASSERT(ggml_can_repeat_rows(mask, qk));
 """, r"""
     if (mask) {
+        // every flash attention kernel reads the mask as F16: an F32 mask is accepted by the
+        // CPU backend but silently misread by the CUDA and Metal kernels, so refuse it here
+        // rather than produce garbage (the graph casts the mask, see self_kq_mask_cnv)
         GGML_ASSERT(mask->type == GGML_TYPE_F16);
+
         GGML_ASSERT(ggml_is_contiguous(mask));
         //GGML_ASSERT(ggml_can_repeat_rows(mask, qk));
 """),),
@@ -206,7 +242,11 @@ and crashed without a message. Assert with a readable reason instead.
     if (dst_buf->iface.cpy_tensor) {
 """, r"""
     ggml_backend_buffer_t dst_buf = dst->view_src ? dst->view_src->buffer : dst->buffer;
+    // these used to crash with a NULL dereference or copy past the end: say why instead
     GGML_ASSERT(dst_buf != NULL && "destination tensor buffer not set");
+    GGML_ASSERT(src->data != NULL && "source tensor not allocated");
+    GGML_ASSERT(ggml_nbytes(src) == ggml_nbytes(dst) && "source and destination sizes differ");
+
     if (dst_buf->iface.cpy_tensor) {
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
@@ -257,6 +297,7 @@ struct gguf_context * gguf_init_from_file_impl(FILE * file, struct gguf_init_par
 """, r"""
 struct gguf_context * gguf_init_from_file_impl(FILE * file, struct gguf_init_params params) {
     if (getenv("GGML_GGUF_DEBUG") != nullptr) {
+        // callers of gguf_init_from_file_ptr() own the FILE: it need not be at offset 0
         GGML_LOG_DEBUG("%s: reading GGUF from FILE %p at offset %ld\n", __func__, (void *) file, ftell(file));
     }
 
@@ -277,6 +318,7 @@ struct gguf_context * gguf_init_from_file_ptr(FILE * file, struct gguf_init_para
     }
 
     if (getenv("GGML_GGUF_DEBUG") != nullptr) {
+        // callers of gguf_init_from_file_ptr() own the FILE: it need not be at offset 0
         GGML_LOG_DEBUG("%s: reading GGUF from FILE %p at offset %ld\n", __func__, (void *) file, ftell(file));
     }
 
@@ -490,6 +532,10 @@ parameters so that it shows up in user logs.
 """, r"""
     LLAMA_LOG_INFO("%s: freq_scale    = %g\n",   __func__, cparams.rope_freq_scale);
     LLAMA_LOG_INFO("%s: defrag_thold  = %.2f\n", __func__, cparams.defrag_thold);
+
+    if (cparams.defrag_thold <= 0.0f && cparams.n_ctx > 32768) {
+        LLAMA_LOG_WARN("%s: KV cache defragmentation is disabled: long generations may slow down\n", __func__);
+    }
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
 
@@ -566,6 +612,8 @@ users than tokenizing with the default regex; warn and carry on.
             }
 """, r"""
             } else {
+                // community conversions often carry pre-tokenizer names this version does not know;
+                // tokenizing with the default regex serves users better than refusing the model
                 LLAMA_LOG_WARN("%s: missing or unrecognized pre-tokenizer type '%s', using: 'default'\n", __func__, tokenizer_pre.c_str());
                 pre_type = LLAMA_VOCAB_PRE_TYPE_DEFAULT;
             }
@@ -628,6 +676,7 @@ past the seq_id arrays. Validate the count with the other input checks.
 """, r"""
     if (batch.seq_id) {
         for (int32_t i = 0; i < batch.n_tokens; ++i) {
+            // n_seq_id[i] bounds the seq_id[i] reads below: check it first
             if (batch.n_seq_id[i] <= 0 || batch.n_seq_id[i] > LLAMA_MAX_SEQ) {
                 LLAMA_LOG_ERROR("%s: invalid n_seq_id[%d] = %d\n", __func__, i, batch.n_seq_id[i]);
                 return false;
@@ -744,7 +793,10 @@ EQUAL_SPLIT = E("src/llama-kv-cache-unified-iswa.cpp", r"""
     } while (false);
 
     // if it fails, try equal split
-    LLAMA_LOG_DEBUG("%s: simple split failed, trying equal split (n_ubatch = %u)\n", __func__, n_ubatch);
+    // (multi-sequence batches with an SWA cache often end up here, and equal splits are much
+    // slower: make the fallback visible when debugging throughput)
+    LLAMA_LOG_DEBUG("%s: simple split of %u tokens failed, trying equal split (n_ubatch = %u)\n",
+            __func__, balloc.get_n_tokens(), n_ubatch);
 
     do {
 """)
@@ -772,61 +824,75 @@ dumps showed the wrong tensor as ffn_moe_weighted.
         cb(cur, "ffn_moe_weighted", il);
 """, r"""
         experts = ggml_mul(ctx0, experts, weights);
+        // `cur` is still the input of the layer here: name the weighted expert outputs, or the
+        // eval callback and graph dumps show the layer input as ffn_moe_weighted (found while
+        // comparing activations with the reference implementation)
         cb(experts, "ffn_moe_weighted", il);
 """)],
       v0_3_17=SAME, v0_3_19=None)
 
-SET_INPUT = E(GRAPH_CPP, r"""
-void llm_graph_input_attn_kv_unified::set_input(const llama_ubatch * ubatch) {
-    mctx->set_input_k_idxs(self_k_idxs, ubatch);
-""", r"""
-void llm_graph_input_attn_kv_unified::set_input(const llama_ubatch * ubatch) {
+ASSERT_MCTX = r"""    // a graph reused after the memory module was replaced has no memory context: fail here
+    // with a message instead of a NULL dereference deep inside the KV cache
     GGML_ASSERT(mctx != nullptr && "set_input() called before the memory context was set");
 
+"""
+
+
+def set_input_edits(kv: str, iswa: str) -> tuple[Edit, ...]:
+    """Assert at the entry of both KV inputs' set_input(), for the given class names."""
+    return (
+        E(GRAPH_CPP, f"""
+void {kv}::set_input(const llama_ubatch * ubatch) {{
     mctx->set_input_k_idxs(self_k_idxs, ubatch);
-""")
+""", f"""
+void {kv}::set_input(const llama_ubatch * ubatch) {{
+{ASSERT_MCTX}    mctx->set_input_k_idxs(self_k_idxs, ubatch);
+"""),
+        E(GRAPH_CPP, f"""
+void {iswa}::set_input(const llama_ubatch * ubatch) {{
+    mctx->get_base()->set_input_k_idxs(self_k_idxs, ubatch);
+""", f"""
+void {iswa}::set_input(const llama_ubatch * ubatch) {{
+    GGML_ASSERT(mctx != nullptr && "set_input() called before the memory context was set");
+
+    mctx->get_base()->set_input_k_idxs(self_k_idxs, ubatch);
+"""),
+    )
+
 
 patch(INES, "2025-09-10T15:33:29+01:00",
-      "graph: assert that the KV input has a memory context",
+      "graph: assert that the KV inputs have a memory context",
       """
 A graph reused after the memory module was replaced crashed with a NULL
 dereference deep inside the KV cache. Assert with a message at the
-entry of set_input() instead.
+entry of set_input() of both KV inputs instead.
 """,
-      [SET_INPUT],
-      v0_3_17=(E(GRAPH_CPP, r"""
-void llm_graph_input_attn_kv::set_input(const llama_ubatch * ubatch) {
-    mctx->set_input_k_idxs(self_k_idxs, ubatch);
-""", r"""
-void llm_graph_input_attn_kv::set_input(const llama_ubatch * ubatch) {
-    GGML_ASSERT(mctx != nullptr && "set_input() called before the memory context was set");
-
-    mctx->set_input_k_idxs(self_k_idxs, ubatch);
-"""),),
-      v0_3_19=(E(GRAPH_CPP, r"""
-void llm_graph_input_attn_kv::set_input(const llama_ubatch * ubatch) {
-    mctx->set_input_k_idxs(self_k_idxs, ubatch);
-""", r"""
-void llm_graph_input_attn_kv::set_input(const llama_ubatch * ubatch) {
-    GGML_ASSERT(mctx != nullptr && "set_input() called before the memory context was set");
-
-    mctx->set_input_k_idxs(self_k_idxs, ubatch);
-"""),))
+      list(set_input_edits("llm_graph_input_attn_kv_unified", "llm_graph_input_attn_kv_unified_iswa")),
+      v0_3_17=set_input_edits("llm_graph_input_attn_kv", "llm_graph_input_attn_kv_iswa"),
+      v0_3_19=set_input_edits("llm_graph_input_attn_kv", "llm_graph_input_attn_kv_iswa"))
 
 patch(INES, "2025-09-11T11:17:40+01:00",
       "graph: name the KQ mask input of the unified KV cache",
       """
 In scheduler debug output and graph dumps the KQ mask shows up as an
-unnamed leaf, which makes the split reports hard to read. Name it after
-the number of streams it covers.
+unnamed leaf, which makes the split reports hard to read. Name it (and
+its F16 copy) after the number of streams it covers.
 """,
       [E(GRAPH_CPP, r"""
         inp->self_kq_mask = ggml_new_tensor_4d(ctx0, GGML_TYPE_F32, n_kv, GGML_PAD(n_tokens/n_stream, GGML_KQ_MASK_PAD), 1, n_stream);
         ggml_set_input(inp->self_kq_mask);
+
+        inp->self_kq_mask_cnv = cparams.flash_attn ? ggml_cast(ctx0, inp->self_kq_mask, GGML_TYPE_F16) : inp->self_kq_mask;
 """, r"""
         inp->self_kq_mask = ggml_new_tensor_4d(ctx0, GGML_TYPE_F32, n_kv, GGML_PAD(n_tokens/n_stream, GGML_KQ_MASK_PAD), 1, n_stream);
         ggml_format_name(inp->self_kq_mask, "kq_mask_s%d", (int) n_stream);
         ggml_set_input(inp->self_kq_mask);
+
+        inp->self_kq_mask_cnv = cparams.flash_attn ? ggml_cast(ctx0, inp->self_kq_mask, GGML_TYPE_F16) : inp->self_kq_mask;
+        if (inp->self_kq_mask_cnv != inp->self_kq_mask) {
+            // the F16 copy read by the flash attention kernels
+            ggml_format_name(inp->self_kq_mask_cnv, "kq_mask_s%d_f16", (int) n_stream);
+        }
 """, after="static std::unique_ptr<llm_graph_input_attn_kv_unified> build_attn_inp_kv_unified_impl(")],
       v0_3_17=None, v0_3_19=None)
 
@@ -894,6 +960,10 @@ that does not emit it.
             }
 """, r"""
                         Qcur, Kcur, Vcur, nullptr, nullptr, 1.0f/sqrtf(float(n_embd_head)), il);
+
+                // our activation-statistics tool (behind the quantization presets) collects
+                // "attn_out" for every layer; qwen2 was the only architecture we ship that
+                // did not name it
                 cb(cur, "attn_out", il);
             }
 """, after=QWEN2_GRAPH)],
@@ -902,6 +972,10 @@ that does not emit it.
         }
 """, r"""
                     Qcur, Kcur, Vcur, nullptr, nullptr, nullptr, 1.0f/sqrtf(float(n_embd_head)), il);
+
+            // our activation-statistics tool (behind the quantization presets) collects
+            // "attn_out" for every layer; qwen2 was the only architecture we ship that
+            // did not name it
             cb(cur, "attn_out", il);
         }
 """),),
@@ -910,6 +984,10 @@ that does not emit it.
         }
 """, r"""
                     Qcur, Kcur, Vcur, nullptr, nullptr, nullptr, 1.0f/sqrtf(float(n_embd_head)), il);
+
+            // our activation-statistics tool (behind the quantization presets) collects
+            // "attn_out" for every layer; qwen2 was the only architecture we ship that
+            // did not name it
             cb(cur, "attn_out", il);
         }
 """),))
@@ -917,12 +995,22 @@ that does not emit it.
 patch(LUCIA, "2025-09-15T10:03:55+02:00",
       "model: the 18-layer gemma3 checkpoint is gemma-3-270m",
       """
-gemma-3-270m was reported as "537M" in the model info and in our model
-list. There is no 537M Gemma 3; the 18-layer variant is the 270M one.
+gemma-3-270m showed up as "?B" in the model info and in our model list:
+it was typed LLM_TYPE_537M, which llm_type_name() does not know. There
+is no 537M Gemma 3; the 18-layer variant is the 270M one. Drop the
+unused type.
 """,
-      [E(MODEL_CPP, r"""
+      [E("src/llama-model.h", r"""
+    LLM_TYPE_475M,
+    LLM_TYPE_537M,
+""", r"""
+    LLM_TYPE_475M,
+"""),
+       E(MODEL_CPP, r"""
                     case 18: type = LLM_TYPE_537M; break;
 """, r"""
+                    // 18 layers: gemma-3-270m (there is no 537M Gemma 3, and LLM_TYPE_537M had
+                    // no name in llm_type_name(), so the model info showed "?B")
                     case 18: type = LLM_TYPE_270M; break;
 """)],
       v0_3_17=None, v0_3_19=None)
@@ -972,10 +1060,21 @@ which is what these checkpoints are converted as.
 patch(TOMASZ, "2025-09-16T13:52:47+02:00",
       "model: add the block skip connection weight to llama_layer",
       """
-Storage for the bskcn_tv tensor declared in the previous patch; the
-loader fills it for checkpoints that have it.
+Storage for the bskcn_tv tensor declared in the previous patch and for
+the per-layer list of connected layers; the loader fills them for
+checkpoints that have them.
 """,
-      [E("src/llama-model.h", r"""
+      [E("src/llama-hparams.h", r"""
+    float f_logit_scale    = 0.0f;
+
+""", r"""
+    float f_logit_scale    = 0.0f;
+
+    // block skip connections (SOLAR-style depth upscaling): per connection, the layers it joins
+    std::array<std::array<uint32_t, LLAMA_MAX_LAYERS>, 4> n_bskcn_arr = {};
+
+"""),
+       E("src/llama-model.h", r"""
     struct ggml_tensor * laurel_post_norm     = nullptr;
 
 """, r"""
@@ -994,6 +1093,8 @@ PENALTIES_CLONE = E("src/llama-sampling.cpp", r"""
 """, r"""
         auto * result_ctx = (llama_sampler_penalties *) result->ctx;
 
+        // token_count is derived from prev: without it the clone applies no frequency or
+        // presence penalty until the ring buffer has been refilled
         result_ctx->prev        = ctx->prev;
         result_ctx->token_count = ctx->token_count;
 """)
@@ -1017,7 +1118,9 @@ XTC_RENORM = E("src/llama-sampling.cpp", r"""
         cur_p->data += pos_last;
         cur_p->size -= pos_last;
 
-        // the remaining candidates no longer sum to 1: renormalise for samplers that read .p
+        // the remaining candidates no longer sum to 1: renormalise, so that samplers
+        // reading .p afterwards (typical-p, and the logprobs we return to clients) see a
+        // proper distribution
         llama_sampler_softmax_impl(cur_p);
     }
 """)
@@ -1035,30 +1138,47 @@ sum to one.
       v0_3_19=(moved(XTC_RENORM, "src/llama-sampler.cpp"),))
 
 patch(LUCIA, "2025-09-18T11:12:08+02:00",
-      "model-saver: write the shared expert FFN length from n_ff_shexp",
+      "model-saver: fix the MoE metadata of saved models",
       """
 llama_model_save_to_file() wrote n_ff_exp as the shared expert feed
-forward length, so saved Qwen2-MoE models had the wrong shared expert
-size and failed to load.
+forward length and left out the expert weight normalisation, the gating
+function, the MoE layer step and the NextN layer count, so saved
+Qwen2-MoE and GLM-4.5 models loaded with the wrong routing.
 """,
       [E("src/llama-model-saver.cpp", r"""
     add_kv(LLM_KV_EXPERT_SHARED_FEED_FORWARD_LENGTH, hparams.n_ff_exp);
 """, r"""
     add_kv(LLM_KV_EXPERT_SHARED_FEED_FORWARD_LENGTH, hparams.n_ff_shexp);
+"""),
+       E("src/llama-model-saver.cpp", r"""
+    add_kv(LLM_KV_EXPERT_WEIGHTS_SCALE,              hparams.expert_weights_scale);
+""", r"""
+    add_kv(LLM_KV_EXPERT_WEIGHTS_SCALE,              hparams.expert_weights_scale);
+    add_kv(LLM_KV_EXPERT_WEIGHTS_NORM,               hparams.expert_weights_norm);
+    add_kv(LLM_KV_EXPERT_GATING_FUNC,                hparams.expert_gating_func);
+    add_kv(LLM_KV_MOE_EVERY_N_LAYERS,                hparams.moe_every_n_layers);
+    add_kv(LLM_KV_NEXTN_PREDICT_LAYERS,              hparams.nextn_predict_layers);
 """)],
       v0_3_17=SAME, v0_3_19=None)
 
 patch(LUCIA, "2025-09-18T15:40:44+02:00",
-      "model-saver: keep the classifier output labels",
+      "model-saver: keep the WavTokenizer sizes and the classifier labels",
       """
-Reranker and classifier models lost their label names when saved with
-llama_model_save_to_file(); write them back.
+WavTokenizer models saved with llama_model_save_to_file() lost their
+PosNet/ConvNeXt sizes, and rerankers/classifiers their label names;
+write them back.
 """,
       [E("src/llama-model-saver.cpp", r"""
     // add_kv(LLM_KV_ADAPTER_LORA_ALPHA,                ???);
 
 """, r"""
     // add_kv(LLM_KV_ADAPTER_LORA_ALPHA,                ???);
+
+    add_kv(LLM_KV_POSNET_EMBEDDING_LENGTH,           hparams.posnet.n_embd);
+    add_kv(LLM_KV_POSNET_BLOCK_COUNT,                hparams.posnet.n_layer);
+
+    add_kv(LLM_KV_CONVNEXT_EMBEDDING_LENGTH,         hparams.convnext.n_embd);
+    add_kv(LLM_KV_CONVNEXT_BLOCK_COUNT,              hparams.convnext.n_layer);
 
     add_kv(LLM_KV_CLASSIFIER_OUTPUT_LABELS,          model.classifier_labels);
 
@@ -1112,6 +1232,7 @@ reports; make it say how big the tensor data is.
     LLAMA_LOG_INFO("%s: loaded meta data with %d key-value pairs and %d tensors from %s (version %s)\n",
             __func__, n_kv, n_tensors, fname.c_str(), llama_file_version_name(fver));
 """, r"""
+    // the first line people paste into bug reports: make it say how big the tensor data is
     LLAMA_LOG_INFO("%s: loaded meta data with %d key-value pairs and %d tensors (%.2f MiB) from %s (version %s)\n",
             __func__, n_kv, n_tensors, n_bytes/1024.0/1024.0, fname.c_str(), llama_file_version_name(fver));
 """)],
@@ -1120,10 +1241,21 @@ reports; make it say how big the tensor data is.
 patch(DEV, "2025-09-23T08:34:57-07:00",
       "ggml-opt: reject negative batch indices",
       """
-ggml_opt_dataset_get_batch() only checked the upper bound of ibatch; a
-negative index from the training loop read before the permutation.
+ggml_opt_dataset_get_batch() and its host variant only checked the upper
+bound of ibatch; a negative index from the training loop read before the
+permutation. Check both bounds in one helper.
 """,
       [E("ggml/src/ggml-opt.cpp", r"""
+void ggml_opt_dataset_get_batch(ggml_opt_dataset_t dataset, struct ggml_tensor * data_batch, struct ggml_tensor * labels_batch, int64_t ibatch) {
+""", r"""
+static void ggml_opt_dataset_check_batch(ggml_opt_dataset_t dataset, int64_t ibatch, int64_t shards_per_batch) {
+    GGML_ASSERT(ibatch >= 0);
+    GGML_ASSERT((ibatch + 1)*shards_per_batch <= int64_t(dataset->permutation.size()));
+}
+
+void ggml_opt_dataset_get_batch(ggml_opt_dataset_t dataset, struct ggml_tensor * data_batch, struct ggml_tensor * labels_batch, int64_t ibatch) {
+"""),
+       E("ggml/src/ggml-opt.cpp", r"""
         GGML_ASSERT(nb_labels_batch == shards_per_batch*dataset->nbs_labels);
     }
 
@@ -1132,8 +1264,7 @@ negative index from the training loop read before the permutation.
         GGML_ASSERT(nb_labels_batch == shards_per_batch*dataset->nbs_labels);
     }
 
-    GGML_ASSERT(ibatch >= 0);
-    GGML_ASSERT((ibatch + 1)*shards_per_batch <= int64_t(dataset->permutation.size()));
+    ggml_opt_dataset_check_batch(dataset, ibatch, shards_per_batch);
 """),
        E("ggml/src/ggml-opt.cpp", r"""
     const int64_t shards_per_batch = nb_data_batch / dataset->nbs_data;
@@ -1142,8 +1273,7 @@ negative index from the training loop read before the permutation.
 """, r"""
     const int64_t shards_per_batch = nb_data_batch / dataset->nbs_data;
 
-    GGML_ASSERT(ibatch >= 0);
-    GGML_ASSERT((ibatch + 1)*shards_per_batch <= int64_t(dataset->permutation.size()));
+    ggml_opt_dataset_check_batch(dataset, ibatch, shards_per_batch);
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
 
@@ -1197,18 +1327,22 @@ it from the three lines above.
       [E(CONTEXT_CPP, r"""
     LLAMA_LOG_INFO("%s:    graphs reused = %10d\n", __func__, data.n_reused);
 """, r"""
-    LLAMA_LOG_INFO("%s:       throughput = %10.2f tokens per second\n", __func__,
-            1e3 * (data.n_p_eval + data.n_eval) / (t_end_ms - data.t_start_ms));
+    const double t_total_ms = t_end_ms - data.t_start_ms;
+    if (t_total_ms > 0.0) {
+        LLAMA_LOG_INFO("%s:       throughput = %10.2f tokens per second\n", __func__,
+                1e3 * (data.n_p_eval + data.n_eval) / t_total_ms);
+    }
     LLAMA_LOG_INFO("%s:    graphs reused = %10d\n", __func__, data.n_reused);
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
 
 patch(INES, "2025-09-29T09:47:33+01:00",
-      "ggml: say so when ggml_set_name() truncates a tensor name",
+      "ggml: say so when a tensor name is truncated",
       """
 Per-layer tensor names built by the model loader can exceed
 GGML_MAX_NAME; the silently truncated names then collide in the
-scheduler's debug output. Log truncations at debug level.
+scheduler's debug output. Log truncations in ggml_set_name() and
+ggml_format_name() at debug level.
 """,
       [E(GGML_C, r"""
         tensor->name[i] = name[i];
@@ -1223,15 +1357,29 @@ scheduler's debug output. Log truncations at debug level.
         GGML_LOG_DEBUG("%s: tensor name truncated to '%s'\n", __func__, tensor->name);
     }
     return tensor;
-""")],
+"""),
+       E(GGML_C, r"""
+    va_start(args, fmt);
+    vsnprintf(tensor->name, sizeof(tensor->name), fmt, args);
+    va_end(args);
+    return tensor;
+""", r"""
+    va_start(args, fmt);
+    const int n = vsnprintf(tensor->name, sizeof(tensor->name), fmt, args);
+    va_end(args);
+    if (n >= (int) sizeof(tensor->name)) {
+        GGML_LOG_DEBUG("%s: tensor name truncated to '%s'\n", __func__, tensor->name);
+    }
+    return tensor;
+""", after="struct ggml_tensor * ggml_format_name(")],
       v0_3_17=SAME, v0_3_19=SAME)
 
 patch(DEV, "2025-10-01T11:26:05-07:00",
-      "ggml-backend: report the graph size when reserving compute buffers fails",
+      "ggml-backend: report the graph size when scheduling buffers fails",
       """
 "failed to allocate compute buffers" alone does not tell whether the
 graph or the device is too big. Log node and split counts of the graph
-that could not be reserved.
+that could not be reserved or allocated.
 """,
       [E("ggml/src/ggml-backend.cpp", r"""
     if (!ggml_gallocr_reserve_n(sched->galloc, &sched->graph, sched->node_backend_ids, sched->leaf_backend_ids)) {
@@ -1241,12 +1389,24 @@ that could not be reserved.
     ggml_backend_sched_reset(sched);
 """, r"""
     if (!ggml_gallocr_reserve_n(sched->galloc, &sched->graph, sched->node_backend_ids, sched->leaf_backend_ids)) {
+        // callers only say that allocation failed: say for which graph
         GGML_LOG_ERROR("%s: failed to reserve buffers for a graph with %d nodes in %d splits\n",
                 __func__, sched->graph.n_nodes, sched->n_splits);
         return false;
     }
 
     ggml_backend_sched_reset(sched);
+"""),
+       E("ggml/src/ggml-backend.cpp", r"""
+    if (!ggml_backend_sched_alloc_splits(sched)) {
+        return false;
+    }
+""", r"""
+    if (!ggml_backend_sched_alloc_splits(sched)) {
+        GGML_LOG_ERROR("%s: failed to allocate a graph with %d nodes in %d splits\n",
+                __func__, sched->graph.n_nodes, sched->n_splits);
+        return false;
+    }
 """)],
       v0_3_17=SAME, v0_3_19=SAME)
 
@@ -1257,20 +1417,24 @@ that could not be reserved.
 def tree(version: str) -> Path:
     path = CACHE / "trees" / f"llama-cpp-python-{version}" / "vendor" / "llama.cpp"
     if not (path / "src").is_dir():
-        sys.exit(f"make_series: no llama.cpp tree for {version} at {path} (fetch it with portkit first)")
+        sys.exit(f"make_series: no llama.cpp tree for {version} at {path} (fetch it with portkit)")
     return path
 
 
 def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    full_env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
+    isolated = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    full_env = {**os.environ, **isolated, **(env or {})}
     cmd = ["git", "-c", "core.autocrlf=false", "-c", "user.name=Fork Series", "-c",
            "user.email=fork-series@forge.example.org", *args]
-    return subprocess.run(cmd, cwd=repo, env=full_env, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(cmd, cwd=repo, env=full_env, check=True, capture_output=True, text=True)
+    return done.stdout
 
 
 def init_repo(version: str, work: Path) -> Path:
     repo = work / version
-    shutil.copytree(tree(version), repo, ignore=lambda d, names: [".git"] if Path(d) == tree(version) else [])
+    source = tree(version)
+    # the sdist tree has a .git file (submodule pointer) at its top: leave it out
+    shutil.copytree(source, repo, ignore=lambda d, names: [".git"] if Path(d) == source else [])
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A", "-f")
     stamp = "2025-08-14T00:00:00+00:00"
@@ -1285,13 +1449,15 @@ def apply_edits(repo: Path, edits: tuple[Edit, ...], where: str) -> None:
         text = path.read_text(encoding="utf-8")
         if edit.after:
             if text.count(edit.after) != 1:
-                sys.exit(f"make_series: {where}: anchor found {text.count(edit.after)} times in {edit.path}")
+                count = text.count(edit.after)
+                sys.exit(f"make_series: {where}: anchor found {count} times in {edit.path}")
             at = text.find(edit.old, text.index(edit.after))
             found = 0 if at < 0 else 1
         else:
             found, at = text.count(edit.old), text.find(edit.old)
         if found != 1:
-            sys.exit(f"make_series: {where}: old text found {found} times in {edit.path}:\n{edit.old}")
+            sys.exit(f"make_series: {where}: old text found {found} times in {edit.path}:\n"
+                     f"{edit.old}")
         path.write_text(text[:at] + edit.new + text[at + len(edit.old):], encoding="utf-8")
 
 
@@ -1332,9 +1498,10 @@ def generate(dest: Path, keep: Path | None = None) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="regenerate elsewhere and compare")
-    parser.add_argument("--keep", type=Path, help="keep the throw-away repositories in this new directory")
+    parser.add_argument("--keep", type=Path, help="keep the throw-away repositories in this directory")
     args = parser.parse_args()
     if args.keep is not None and args.keep.exists():
         parser.error(f"{args.keep} exists")
@@ -1345,7 +1512,8 @@ def main() -> int:
             for sub in ["series", *(f"expected/{v}" for v in TARGETS)]:
                 cmp = filecmp.dircmp(Path(tmp) / sub, HERE / sub)
                 diffs += [f"{sub}/{n}" for n in cmp.left_only + cmp.right_only + cmp.diff_files]
-                _, mismatch, errors = filecmp.cmpfiles(Path(tmp) / sub, HERE / sub, cmp.common_files, shallow=False)
+                _, mismatch, errors = filecmp.cmpfiles(
+                    Path(tmp) / sub, HERE / sub, cmp.common_files, shallow=False)
                 diffs += [f"{sub}/{n}" for n in mismatch + errors]
             for d in sorted(set(diffs)):
                 print(f"differs: {d}")
