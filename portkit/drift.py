@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from functools import cached_property
 from pathlib import Path
 
@@ -79,6 +80,7 @@ SCOPE = ("src/**/*.h", "src/**/*.cpp", "include/*.h", "common/*.h", "ggml/includ
          "ggml/src/*.h", "ggml/src/*.c", "ggml/src/*.cpp", "ggml/src/ggml-cpu/*.h",
          "ggml/src/ggml-cpu/*.c", "ggml/src/ggml-cpu/*.cpp")
 FUZZ_LIMIT = 2
+PLACE_SIMILARITY = 0.85  # how alike a line must be to the neighbour an insertion follows
 SURE = 0.6  # a located symbol below this confidence is not followed
 MARGIN = 0.05  # ... nor one the runner-up comes this close to
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -96,7 +98,7 @@ _KEYWORDS = frozenset({
     "pragma", "defined"
 })
 _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
-_MEMBER_USE = re.compile(r"([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*)")
+_MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
 
 
@@ -109,6 +111,18 @@ def identifiers(lines: Iterable[str]) -> list[str]:
             if name not in _KEYWORDS and len(name) > 1:
                 seen.setdefault(name)
     return list(seen)
+
+
+def _defines(name: str, lines: Iterable[str]) -> bool:
+    """Whether `lines` define `name` (a function or declaration at file scope, a field, a
+    variable, an enumerator or a macro) rather than only use it."""
+    word = re.escape(name)
+    patterns = (rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
+                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
+                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
+                rf"^\s*#\s*define\s+{word}\b",
+                rf"^\s*{word}\s*(?:=[^=]|,|$)")  # an enumerator
+    return any(re.search(p, line) for line in lines for p in patterns)
 
 
 def _meaningful(lines: Iterable[str]) -> list[str]:
@@ -217,6 +231,35 @@ def _changed_offset(hunk: Hunk) -> int:
     return 0
 
 
+def place_insertion(old_lines: list[str], at: int, target: list[str],
+                    span: tuple[int, int]) -> int | None:
+    """Where a pure insertion goes in `target` (0-based index of the line it goes before),
+    within `span` (1-based lines): after the line most like its last neighbour above (and
+    before one like its first neighbour below), when that place is clearly the best one.
+    `old_lines` are the hunk's context lines, the insertion after the first `at` of them."""
+    above = [flat(x) for x in old_lines[:at] if len(flat(x)) >= _MEANINGFUL]
+    below = [flat(x) for x in old_lines[at:] if len(flat(x)) >= _MEANINGFUL]
+    if not above:
+        return None
+    lo, hi = max(span[0] - 1, 0), min(span[1], len(target))
+    flat_target = [flat(x) for x in target]
+    scored: list[tuple[float, int]] = []
+    for i in range(lo, hi):
+        if len(flat_target[i]) < _MEANINGFUL:
+            continue
+        score = SequenceMatcher(None, above[-1], flat_target[i]).ratio()
+        if score < PLACE_SIMILARITY:
+            continue
+        rest = [x for x in flat_target[i + 1:min(i + 4, hi)] if len(x) >= _MEANINGFUL]
+        if below and rest:
+            score += 0.5 * SequenceMatcher(None, below[0], rest[0]).ratio()
+        scored.append((score, i))
+    scored.sort(reverse=True)
+    if not scored or (len(scored) > 1 and scored[0][0] - scored[1][0] < MARGIN):
+        return None
+    return scored[0][1] + 1
+
+
 def _find_block(haystack: list[str], needle: list[str], near: int) -> int | None:
     """The 0-based start of `needle` in `haystack` (layout-blind), the match nearest `near`."""
     want = [flat(x) for x in needle]
@@ -310,8 +353,13 @@ class _Target:
         lines = text.splitlines()
         start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
         first = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk)
-        sym = self.base.index.enclosing(hunk.path, min(first + 1, max(len(lines), 1)))
-        return sym
+        last = max(len(lines), 1)
+        sym = self.base.index.enclosing(hunk.path, min(first + 1, last))
+        if hunk.removed or sym is None:
+            return sym
+        # A pure insertion goes between two lines: it is inside what holds both of them.
+        before = self.base.index.enclosing(hunk.path, min(max(first, 1), last))
+        return sym if before is not None and before.qualname == sym.qualname else None
 
     def located(self, sym: Symbol) -> tuple[Candidate | None, str]:
         """Where `sym` went in the target: one sure candidate, or why there is none."""
@@ -460,11 +508,18 @@ class _Target:
             (root / rel).write_bytes(current)
             with apply_hunks([trial], root, fuzz=FUZZ_LIMIT) as result:
                 landed = result.patches[0].hunks[0]
-        if not landed.landed or landed.line is None:
+        if landed.landed and landed.line is not None:
+            if span is not None and not span[0] <= landed.line <= span[1]:
+                return None  # the context is elsewhere: not inside the symbol it went to
+            return landed.line, landed.offset, landed.fuzz
+        if span is None or hunk.removed:
             return None
-        if span is not None and not span[0] <= landed.line <= span[1]:
-            return None  # the context is elsewhere: not inside the symbol it went to
-        return landed.line, landed.offset, landed.fuzz
+        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        placed = place_insertion([spell(x) for x in hunk.old_lines], _changed_offset(hunk),
+                                 lines, span)
+        if placed is None:
+            return None
+        return placed + 1, placed + 1 - old_start - _changed_offset(hunk), 0
 
     # -- already there ----------------------------------------------------------------
 
@@ -486,13 +541,20 @@ class _Target:
         if verbatim and added and all(a in here for a in added) \
                 and not any(r in here for r in removed):
             return f"all {len(added)} added lines are there"
+        if verbatim and not added and removed and not any(r in here for r in removed):
+            return f"the {len(removed)} lines it removes are gone"
         known = self.base.words.get(hunk.path, self.base.all_words)
         new_names = [w for w in identifiers(hunk.added) if w not in known]
         if not new_names or any(r in here for r in removed):
             return ""
         words = set(_IDENT.findall("\n".join(lines)))
-        if all(w in words for w in new_names):
-            return f"it uses {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
+        # A name the hunk defines may be defined anywhere in the target; one it only uses
+        # must be used right there.
+        defined = {w for w in new_names if _defines(w, hunk.added)}
+        missing = [w for w in new_names if w not in words
+                   and not (w in defined and self.target.index.find(w))]
+        if not missing:
+            return f"it has {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
         return ""
 
     # -- nearest match -----------------------------------------------------------------
