@@ -321,6 +321,10 @@ class _Target:
             if upstream:
                 return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
                                  f"it applies as text, but {upstream}", patch_line, symbol=name)
+            wrong = self.misplaced(hunk, base_sym) if status == H_FUZZ else ""
+            if wrong:
+                return HunkDrift(hunk.path, hunk.old_start, CONFLICT, wrong, patch_line,
+                                 symbol=name, nearest=self.nearest(hunk, hunk.path, None))
             mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
             said = "applies as it is" if mapped == CLEAN else (
                 f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
@@ -344,6 +348,57 @@ class _Target:
                 return f"{tsym.qualname} in the target has it already: {why}" if why else ""
         why = self.present(hunk, hunk.path, None, verbatim=False)
         return f"{hunk.path} in the target has it already: {why}" if why else ""
+
+    def misplaced(self, hunk: Hunk, base_sym: Symbol | None) -> str:
+        """Why a hunk that GNU patch places only with fuzz lands in the wrong place, or "":
+        inside a function, it must land in what that function became; between definitions,
+        next to what its neighbours became."""
+        trial = self._trial(hunk, hunk.path, hunk.old_start, {}, None, upstream=True)
+        if trial is None or hunk.path not in self.target.index.files:
+            return ""
+        line = trial[0]
+        if base_sym is not None:
+            cand, _ = self.located(base_sym)
+            if cand is None:  # what it went to is unknown: GNU patch's place stands
+                return ""
+            tsym = cand.symbol
+            overloads = [s for s in self.target.index.find(tsym.qualname, (tsym.kind,))
+                         if s.file == hunk.path] or [tsym]
+            if any(s.start_line - 3 <= line <= s.end_line + 3 for s in overloads):
+                return ""
+            return (f"it belongs in {tsym.qualname} ({tsym.where}); GNU patch would force it "
+                    f"in at line {line} with fuzz")
+        before, after = self.neighbours(hunk)
+        said = []
+        for sym, side in ((before, "after"), (after, "before")):
+            if sym is None:
+                continue
+            cand, _ = self.located(sym)
+            if cand is None:
+                said.append(f"{sym.qualname}, which it goes {side}, is not in the target")
+                continue
+            tsym = cand.symbol
+            if tsym.file == hunk.path and (
+                    (side == "after" and tsym.end_line - 1 <= line <= tsym.end_line + 8) or
+                    (side == "before" and tsym.start_line - 8 <= line <= tsym.start_line + 1)):
+                return ""
+            said.append(f"it goes {side} {sym.qualname}, which is at {tsym.where}")
+        return "; ".join(said) + f"; GNU patch would force it in at line {line} with fuzz" \
+            if said else ""
+
+    def neighbours(self, hunk: Hunk) -> tuple[Symbol | None, Symbol | None]:
+        """The base's definitions just above and just below a hunk between definitions."""
+        text = self.base.text(hunk.path)
+        if text is None or hunk.path not in self.base.index.files:
+            return None, None
+        lines = text.splitlines()
+        start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
+        at = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk) + 1
+        top = [s for s in self.base.index.symbols if s.file == hunk.path and not s.scope]
+        above = [s for s in top if s.end_line < at]
+        below = [s for s in top if s.start_line >= at]
+        return (max(above, key=lambda s: s.end_line) if above else None,
+                min(below, key=lambda s: s.start_line) if below else None)
 
     def base_symbol(self, hunk: Hunk) -> Symbol | None:
         """The base's symbol around the hunk's first change."""
@@ -485,10 +540,14 @@ class _Target:
                            (tsym.start_line - 3, tsym.end_line + 3))
 
     def _trial(self, hunk: Hunk, rel: str, old_start: int, names: dict[str, str],
-               span: tuple[int, int] | None) -> tuple[int, int, int] | None:
-        """The hunk with `names` respelled, tried on the target's `rel` from `old_start`:
-        (line, offset, fuzz) where it lands within `span` lines, or None."""
-        current = self._current(rel)
+               span: tuple[int, int] | None, *,
+               upstream: bool = False) -> tuple[int, int, int] | None:
+        """The hunk with `names` respelled, tried on the target's `rel` (as the earlier
+        patches left it, or as `upstream` has it) from `old_start`: (line, offset, fuzz)
+        where it lands within `span` lines, or None."""
+        text = self.target.text(rel) if upstream else None
+        current = text.encode("utf-8", "surrogateescape") if text is not None \
+            else None if upstream else self._current(rel)
         if current is None:
             return None
         pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
@@ -535,12 +594,18 @@ class _Target:
         lines = text.splitlines()
         if span is not None:
             lines = lines[max(span[0] - 1, 0):span[1]]
-        here = {flat(line) for line in lines}
+        flat_lines = [flat(line) for line in lines]
+        here = set(flat_lines)
         added = _meaningful(hunk.added)
         removed = [r for r in _meaningful(hunk.removed) if r not in set(added)]
-        if verbatim and added and all(a in here for a in added) \
-                and not any(r in here for r in removed):
-            return f"all {len(added)} added lines are there"
+        if verbatim and added and all(a in here for a in added):
+            # The lines it removes must be gone from where the added ones are (the same
+            # line may well stay elsewhere in the function).
+            at = [i for i, f in enumerate(flat_lines) if f in set(added)]
+            reach = len(hunk.old_lines) + 2
+            near = set(flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
+            if not any(r in near for r in removed):
+                return f"all {len(added)} added lines are there"
         if verbatim and not added and removed and not any(r in here for r in removed):
             return f"the {len(removed)} lines it removes are gone"
         known = self.base.words.get(hunk.path, self.base.all_words)
@@ -611,62 +676,76 @@ class _Target:
 
     def semantic(self, patch: Patch) -> list[SemanticChange]:
         """The symbols the patch's added lines use whose definition changed in the target."""
-        added = [line for h in patch.hunks for line in h.added]
-        defined_here = set(identifiers(added)) - self.base.all_words
-        receivers: dict[str, set[str]] = defaultdict(set)
-        for line in added:
-            for obj, member in _MEMBER_USE.findall(line):
-                receivers[member].add(obj)
-        out: list[SemanticChange] = []
-        for word in identifiers(added):
-            if word in defined_here:
-                continue
-            change = self.changed(word, receivers.get(word, set()))
-            if change is not None:
-                out.append(change)
-        return out
+        added_all = [line for h in patch.hunks for line in h.added]
+        defined_here = set(identifiers(added_all)) - self.base.all_words
+        out: dict[str, SemanticChange] = {}
+        for hunk in patch.hunks:
+            receivers: dict[str, set[str]] = defaultdict(set)
+            for line in hunk.added:
+                for obj, member in _MEMBER_USE.findall(line):
+                    receivers[member].add(obj)
+            around = self.base_symbol(hunk)
+            home = (around.qualname if around and around.kind in (CLASS, ENUM)
+                    else around.scope if around else "")
+            for word in identifiers(hunk.added):
+                if word in defined_here or word in out:
+                    continue
+                change = self.changed(word, receivers.get(word, set()), home)
+                if change is not None:
+                    out[word] = change
+        return list(out.values())
 
-    def changed(self, word: str, receivers: set[str]) -> SemanticChange | None:
-        """How the symbol(s) called `word` changed in the target, or None. A member used as
-        `obj.word` or `obj->word` is looked for first in the classes whose name ends with
-        the object's (`hparams.n_rot`: llama_hparams::n_rot)."""
-        base_syms = self.base.index.find(word, _USED_KINDS)
-        owned = [s for s in base_syms if s.scope and any(
-            s.scope.rsplit("::", 1)[-1].endswith(r) for r in receivers)]
-        base_syms = sorted(owned or base_syms, key=lambda s: s.kind not in (CLASS, ENUM))
+    def meanings(self, word: str, receivers: set[str], home: str) -> list[Symbol]:
+        """What `word` names in the base where the patch uses it, as C++ would look it up:
+        a member of the class its object is named after (`hparams.n_rot`: llama_hparams),
+        else a member of the class whose method the hunk is in, else whatever has the name;
+        callables first (a constructor call names its class and its constructors)."""
+        found = self.base.index.find(word, _USED_KINDS)
+
+        def scope_of(sym: Symbol) -> str:
+            return sym.scope.rsplit("::", 1)[-1]
+
+        owned = [s for s in found if s.scope and any(scope_of(s).endswith(r) for r in receivers)]
+        if not owned and not receivers and home:
+            owned = [s for s in found if s.scope == home]
+        chosen = owned or found
+        return sorted(chosen, key=lambda s: (s.kind not in (FUNCTION, DECLARATION, MACRO),
+                                             s.kind not in (CLASS, ENUM)))
+
+    def changed(self, word: str, receivers: set[str], home: str) -> SemanticChange | None:
+        """How the symbol(s) `word` names changed in the target, or None when one meaning
+        of it is unchanged (no claim then on the others)."""
+        base_syms = self.meanings(word, receivers, home)
         if not base_syms:
             return None
-        target_syms = self.target.index.find(word, _USED_KINDS)
-        if not target_syms:
-            for sym in base_syms:
-                cand, _ = self.located(sym)
-                if cand is not None and cand.symbol.name != word:
-                    return SemanticChange(word, "renamed", f"{sym.qualname} is "
-                                          f"{cand.symbol.qualname} in the target "
-                                          f"({cand.symbol.where}, {cand.strategy})")
-            return SemanticChange(word, "removed", f"{base_syms[0].qualname} "
-                                  f"({base_syms[0].kind} at {base_syms[0].where} in the base) "
-                                  f"is not in the target")
-        by_qual = {canonical(s.qualname): s for s in target_syms}
-        changes = []
+        by_qual = {canonical(s.qualname): s
+                   for s in self.target.index.find(word, _USED_KINDS)}
+        changes: list[SemanticChange] = []
+        missing: list[Symbol] = []
         for sym in base_syms:
             twin = by_qual.get(canonical(sym.qualname))
             if twin is None:
+                missing.append(sym)
                 continue
             detail = _difference(sym, twin)
             if not detail:
-                return None  # one meaning of the name is unchanged: no claim on the others
+                if sym.kind in (CLASS, ENUM) and (changes or missing):
+                    continue  # a class stands for its constructors, which did change
+                return None
             kind = "signature" if sym.kind in (FUNCTION, DECLARATION, MACRO) and \
                 twin.kind in (FUNCTION, DECLARATION, MACRO) else "type"
             changes.append(SemanticChange(word, kind, detail))
         if changes:
             return changes[0]
-        if not any(canonical(s.qualname) in by_qual for s in base_syms):
-            sym, twin = base_syms[0], target_syms[0]
-            if sym.kind != twin.kind:
-                return SemanticChange(word, "type", f"{sym.qualname} was a {sym.kind}, the "
-                                      f"target has {twin.qualname}, a {twin.kind}")
-        return None
+        for sym in missing:
+            cand, _ = self.located(sym)
+            if cand is not None and cand.symbol.name != word:
+                return SemanticChange(word, "renamed", f"{sym.qualname} is "
+                                      f"{cand.symbol.qualname} in the target "
+                                      f"({cand.symbol.where}, {cand.strategy})")
+        sym = missing[0]
+        return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
+                              f"in the base) is not in the target")
 
 
 def _difference(old: Symbol, new: Symbol) -> str:
