@@ -386,6 +386,17 @@ class _Target:
         return "; ".join(said) + f"; GNU patch would force it in at line {line} with fuzz" \
             if said else ""
 
+    def between(self, hunk: Hunk) -> str:
+        """What a hunk between definitions goes next to, and whether the target has it."""
+        said = []
+        for sym, side in zip(self.neighbours(hunk), ("after", "before"), strict=True):
+            if sym is not None:
+                cand, _ = self.located(sym)
+                said.append(f"it goes {side} {sym.qualname}, " + (
+                    f"which is {cand.symbol.qualname} at {cand.symbol.where}" if cand
+                    else "which is not in the target"))
+        return "; " + "; ".join(said) if said else ""
+
     def neighbours(self, hunk: Hunk) -> tuple[Symbol | None, Symbol | None]:
         """The base's definitions just above and just below a hunk between definitions."""
         text = self.base.text(hunk.path)
@@ -394,7 +405,9 @@ class _Target:
         lines = text.splitlines()
         start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
         at = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk) + 1
-        top = [s for s in self.base.index.symbols if s.file == hunk.path and not s.scope]
+        index = self.base.index
+        top = [s for s in index.symbols if s.file == hunk.path and s.kind != FIELD
+               and index.enclosing(hunk.path, s.start_line) in (s, None)]
         above = [s for s in top if s.end_line < at]
         below = [s for s in top if s.start_line >= at]
         return (max(above, key=lambda s: s.end_line) if above else None,
@@ -480,6 +493,8 @@ class _Target:
                     patch_line, offset, fuzz, name,
                     Moved(home, line, around.qualname if around else "", "structure"))
         why = f"{hunk.path} is not in the target" + (f"; {why_not}" if why_not else "")
+        if base_sym is None:
+            why += self.between(hunk)
         return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
                          nearest=self.nearest(hunk, home, None) if home
                          else self.nearest_anywhere(hunk))

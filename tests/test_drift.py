@@ -52,9 +52,15 @@ def test_rotation_series_is_followed_across_the_unified_rename(rotation_report, 
                 if h.symbol == "llama_kv_cache_unified::llama_kv_cache_unified")
     assert ctor.moved_to is not None
     assert (ctor.moved_to.symbol, ctor.moved_to.how) == ("llama_kv_cache::llama_kv_cache", "alias")
-    # get_padding is gone from the newer trees: what patch 2 placed beside it is a conflict.
-    padding = next(h for h in renamed if h.symbol == "llama_kv_cache_unified::get_padding")
-    assert padding.status == dm.CONFLICT and "get_padding is not in the target" in padding.reason
+    # Patch 2 adds context methods between set_input_pos_bucket and get_padding, which is gone
+    # from the newer trees: a conflict, and the reason says what is where.
+    padding = next(h for h in target.patches[1].hunks if h.old_start == 2491)
+    assert padding.status == dm.CONFLICT
+    assert "after llama_kv_cache_unified_context::set_input_pos_bucket, which is " \
+           "llama_kv_cache_context::set_input_pos_bucket" in padding.reason
+    assert "before llama_kv_cache_unified::get_padding, which is not in the target" \
+        in padding.reason
+    assert padding.nearest is not None and padding.nearest.file == "src/llama-kv-cache.cpp"
     # The iSWA input builder lost its suffix: found by alias in the same file.
     iswa = next(h for h in hunks
                 if h.symbol == "llm_graph_context::build_attn_inp_kv_unified_iswa")
