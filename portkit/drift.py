@@ -727,6 +727,17 @@ class _Target:
         return sorted(chosen, key=lambda s: (s.kind not in (FUNCTION, DECLARATION, MACRO),
                                              s.kind not in (CLASS, ENUM)))
 
+    def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
+        """Where a field or variable went when its name now means something else (a field
+        renamed `x_full` and the name kept for an accessor `x(il)`): the symbols of its kind,
+        beside the new meaning, whose names extend the old one."""
+        data = (FIELD, VARIABLE)
+        if (sym.kind in data) == (twin.kind in data):
+            return []
+        return [s for s in self.target.index.symbols if s.kind == sym.kind
+                and s.scope == twin.scope and s.name != sym.name
+                and (s.name.startswith(sym.name + "_") or s.name.endswith("_" + sym.name))]
+
     def changed(self, word: str, receivers: set[str], home: str) -> SemanticChange | None:
         """How the symbol(s) `word` names changed in the target, or None when one meaning
         of it is unchanged (no claim then on the others)."""
@@ -747,6 +758,13 @@ class _Target:
                 if sym.kind in (CLASS, ENUM) and (changes or missing):
                     continue  # a class stands for its constructors, which did change
                 return None
+            heirs = self.heirs(sym, twin)
+            if heirs:
+                changes.append(SemanticChange(
+                    word, "renamed", f"{sym.qualname} is "
+                    f"{' or '.join(h.qualname for h in heirs)} now; the name is a {twin.kind} "
+                    f"now ({twin.signature()})"))
+                continue
             kind = "signature" if sym.kind in (FUNCTION, DECLARATION, MACRO) and \
                 twin.kind in (FUNCTION, DECLARATION, MACRO) else "type"
             changes.append(SemanticChange(word, kind, detail))

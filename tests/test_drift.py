@@ -5,8 +5,10 @@ the one shaped like 0.3.17."""
 
 from __future__ import annotations
 
+import tomllib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,8 +71,9 @@ def test_rotation_series_is_followed_across_the_unified_rename(rotation_report, 
     # Head sizes became methods: the patches that read them as fields drift semantically.
     first = target.patches[0]
     changes = {s.symbol: s for s in first.semantic}
-    assert changes["n_embd_head_k"].change == "type"
-    assert "declaration now" in changes["n_embd_head_k"].detail
+    assert changes["n_embd_head_k"].change == "renamed"
+    assert "llama_hparams::n_embd_head_k_full" in changes["n_embd_head_k"].detail
+    assert "the name is a declaration now" in changes["n_embd_head_k"].detail
     # Nothing is called upstream that is not.
     assert not [h for h in hunks if h.status == dm.PRESENT_UPSTREAM]
 
@@ -124,3 +127,75 @@ def test_fixture_series_is_already_applied_to_the_tree_it_patched(fixture_tree, 
             (patched / rel).write_bytes(data)
     report = _report(old, {"patched": patched}, series)
     assert {p.status for p in report.targets[0].patches} == {dm.ALREADY_APPLIED}
+
+
+# -- the fork-style series, against expectations established by hand ---------------------------
+
+FORK_SERIES = REPO / "tests" / "data" / "fork-series"
+# Where drift's answer differs from the hand-made one, and why; anything else is a failure.
+KNOWN_MISSES = {
+    "0012-llama-expose-llama_n_ctx_per_seq.patch":
+        "upstream added the same function under another name (llama_n_ctx_seq); nothing in "
+        "the two trees says the names mean the same thing, so drift reports a conflict",
+}
+ATTENTION = {dm.FUZZ, dm.RELOCATED, dm.CONFLICT}
+
+
+def _expected() -> dict[str, Any]:
+    return tomllib.loads((FORK_SERIES / "expected.toml").read_text())["patches"]
+
+
+@pytest.fixture(scope="module")
+def fork_report(registry_tree) -> dm.DriftReport:
+    return _report(registry_tree("0.3.16"),
+                   {v: registry_tree(v) for v in ("0.3.17", "0.3.19")}, FORK_SERIES / "series")
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_fork_series_statuses_match_the_hand_made_ones(fork_report, version):
+    expected = _expected()
+    target = _target(fork_report, version)
+    assert [p.file for p in target.patches] == sorted(expected)
+    wrong = {}
+    for patch in target.patches:
+        hand = expected[patch.file][version]
+        hand_hunks = [h["status"] for h in hand["hunks"]]
+        got = [h.status for h in patch.hunks]
+        if got != hand_hunks or patch.status != dm.worst(hand_hunks):
+            wrong[patch.file] = (hand_hunks, got)
+        for ours, theirs in zip(patch.hunks, hand["hunks"], strict=True):
+            if ours.status == dm.RELOCATED and "moved_to_file" in theirs:
+                assert ours.moved_to is not None
+                assert ours.moved_to.file == theirs["moved_to_file"], patch.file
+    assert set(wrong) == set(KNOWN_MISSES), wrong
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_fork_series_never_calls_a_patch_fine_that_needs_attention(fork_report, version):
+    expected = _expected()
+    for patch in _target(fork_report, version).patches:
+        hand = [h["status"] for h in expected[patch.file][version]["hunks"]]
+        if dm.worst(hand) in ATTENTION:
+            assert patch.status in ATTENTION, patch.file
+        partly_upstream = {dm.PRESENT_UPSTREAM, dm.ALREADY_APPLIED} & set(hand) and \
+            set(hand) - {dm.PRESENT_UPSTREAM, dm.ALREADY_APPLIED}
+        if partly_upstream:
+            assert patch.status not in (dm.PRESENT_UPSTREAM, dm.ALREADY_APPLIED), patch.file
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_fork_series_semantic_drift_is_found(fork_report, version):
+    """Every symbol the hand found changed under a patch that is still carried (and whose
+    change breaks it) is reported, with the kind of change; nothing else is reported."""
+    expected = _expected()
+    for patch in _target(fork_report, version).patches:
+        hand = expected[patch.file][version]
+        if patch.status in (dm.PRESENT_UPSTREAM, dm.ALREADY_APPLIED) or \
+                patch.file in KNOWN_MISSES:
+            continue
+        wanted = {s["symbol"].rsplit("::", 1)[-1]: s["change"]
+                  for s in hand.get("semantic", []) if s.get("breaks", True)}
+        harmless = {s["symbol"].rsplit("::", 1)[-1]
+                    for s in hand.get("semantic", []) if not s.get("breaks", True)}
+        found = {s.symbol: s.change for s in patch.semantic}
+        assert {k: v for k, v in found.items() if k not in harmless} == wanted, patch.file
