@@ -662,6 +662,7 @@ LOCATE_THRESHOLD = 0.5  # the least body, member or name likeness that makes a c
 LOCATE_FLOOR = 0.4  # the least confidence of a candidate found by other than its name
 MIN_BODY_TOKENS = 12  # a shorter body (a getter, `{}`) tells nothing about who it is
 MOVED = 0.98  # the same name in another file: as sure, but a same-file twin ranks first
+SIMILARITY_CEILING = 0.85  # the confidence of a body or members 100% alike but not the same
 TAKEN = 0.6  # a look-alike whose own name the base tree has too is likely not a rename
 
 # Kinds a symbol may turn into under the same name: a field into an accessor, a macro into
@@ -694,18 +695,23 @@ class Locator:
         self.base = base
         self.target = target
         self._tokens: dict[int, tuple[str, ...]] = {}  # by id() of a symbol of either index
+        self._shingle_sets: dict[int, set[tuple[str, ...]]] = {}  # likewise
         self._homes: dict[str, list[Candidate]] = {}  # where each base class went
         self._of_kind: dict[str, list[Symbol]] = {}  # the target's symbols by kind
 
-    def locate(self, sym: Symbol, limit: int = 5) -> list[Candidate]:
+    def locate(self, sym: Symbol, limit: int = 5,
+               floor: float = LOCATE_FLOOR) -> list[Candidate]:
+        """Candidates for `sym` in the target, best first; those found by other than its name
+        only from `floor` confidence up (a caller that needs sure ones saves the search for
+        look-alikes that could not be)."""
         named = self._by_name(sym)
         found = list(named)
         if not any(c.symbol.kind == sym.kind and self._same_signature(sym, c.symbol)
                    for c in named):
             best: dict[int, Candidate] = {}
-            for cand in self._in_renamed_class(sym) + self._look_alikes(sym):
+            for cand in self._in_renamed_class(sym) + self._look_alikes(sym, floor):
                 held = best.get(id(cand.symbol))
-                if cand.confidence >= LOCATE_FLOOR and (
+                if cand.confidence >= max(floor, LOCATE_FLOOR) and (
                         held is None or held.confidence < cand.confidence):
                     best[id(cand.symbol)] = cand
             seen = {id(c.symbol) for c in named}
@@ -766,10 +772,12 @@ class Locator:
 
     # by body, members or signature ------------------------------------------------------
 
-    def _look_alikes(self, sym: Symbol) -> list[Candidate]:
+    def _look_alikes(self, sym: Symbol, floor: float = LOCATE_FLOOR) -> list[Candidate]:
         if sym.kind not in self._of_kind:
             self._of_kind[sym.kind] = [s for s in self.target.symbols if s.kind == sym.kind]
         pool = self._of_kind[sym.kind]
+        if floor > SIMILARITY_CEILING * TAKEN:  # a name the base has too cannot reach it
+            pool = [s for s in pool if not self.base.by_qualname.get(s.qualname)]
         if sym.kind in {CLASS, ENUM}:
             mine = self._member_names(self.base, sym)
             if len(mine) < 3:  # two members alike say little
@@ -789,7 +797,8 @@ class Locator:
             if score == 1.0:
                 strategy, confidence, why = STRUCTURE, 0.9, f"the same {what}"
             else:
-                strategy, confidence, why = SIMILARITY, 0.85 * score, f"{what} {score:.0%} alike"
+                strategy, confidence, why = (SIMILARITY, SIMILARITY_CEILING * score,
+                                             f"{what} {score:.0%} alike")
             found.append(self._look_alike(sym, other, strategy, confidence, why))
         return found
 
@@ -831,7 +840,13 @@ class Locator:
         theirs = self._body_tokens(self.target, other)
         if mine == theirs:
             return 1.0
-        return _jaccard(_shingles(list(mine)), _shingles(list(theirs)))
+        return _jaccard(self._body_shingles(self.base, sym),
+                        self._body_shingles(self.target, other))
+
+    def _body_shingles(self, index: Index, sym: Symbol) -> set[tuple[str, ...]]:
+        if id(sym) not in self._shingle_sets:
+            self._shingle_sets[id(sym)] = _shingles(list(self._body_tokens(index, sym)))
+        return self._shingle_sets[id(sym)]
 
     @staticmethod
     def _member_names(index: Index, sym: Symbol) -> set[str]:

@@ -138,6 +138,7 @@ class Side:
     root: Path
     patterns: tuple[str, ...]
     pin: str | None = None
+    _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def index(self) -> Index:
@@ -148,6 +149,13 @@ class Side:
         if not path.is_file():
             return None
         return path.read_bytes().decode("utf-8", errors="surrogateescape")
+
+    def flat_lines(self, rel: str) -> list[str]:
+        """The file's lines without layout and comments (cached: many hunks search one)."""
+        if rel not in self._flat:
+            text = self.text(rel)
+            self._flat[rel] = [flat(x) for x in text.splitlines()] if text is not None else []
+        return self._flat[rel]
 
     @cached_property
     def words(self) -> dict[str, frozenset[str]]:
@@ -260,13 +268,14 @@ def place_insertion(old_lines: list[str], at: int, target: list[str],
     return scored[0][1] + 1
 
 
-def _find_block(haystack: list[str], needle: list[str], near: int) -> int | None:
-    """The 0-based start of `needle` in `haystack` (layout-blind), the match nearest `near`."""
+def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
+    """The 0-based start of `needle` in `hay` (flattened lines; layout-blind), the match
+    nearest `near`."""
     want = [flat(x) for x in needle]
     if not want:
         return None
-    hay = [flat(x) for x in haystack]
-    starts = [i for i in range(len(hay) - len(want) + 1) if hay[i:i + len(want)] == want]
+    starts = [i for i, line in enumerate(hay[:len(hay) - len(want) + 1])
+              if line == want[0] and hay[i:i + len(want)] == want]
     return min(starts, key=lambda i: abs(i - near)) if starts else None
 
 
@@ -282,6 +291,8 @@ class _Target:
         self.locator = Locator(base.index, target.index)
         self.current: dict[str, bytes | None] = {}
         self.homes: dict[str, str | None] = {}
+        self.starts: dict[tuple[str, int, int, str], int] = {}
+        self.places: dict[tuple[str, str, int], tuple[Candidate | None, str]] = {}
 
     def run(self) -> TargetDrift:
         patches: list[PatchDrift] = []
@@ -339,6 +350,9 @@ class _Target:
     def upstream_in_place(self, hunk: Hunk, base_sym: Symbol | None) -> str:
         """For a hunk that lands: does the target already have what it adds, by the new
         names it brings (upstream's own version of the same change)?"""
+        known = self.base.words.get(hunk.path, self.base.all_words)
+        if all(w in known for w in identifiers(hunk.added)):
+            return ""  # it brings no new name
         if base_sym is not None:
             cand, _ = self.located(base_sym)
             if cand is not None:
@@ -399,12 +413,9 @@ class _Target:
 
     def neighbours(self, hunk: Hunk) -> tuple[Symbol | None, Symbol | None]:
         """The base's definitions just above and just below a hunk between definitions."""
-        text = self.base.text(hunk.path)
-        if text is None or hunk.path not in self.base.index.files:
+        if hunk.path not in self.base.index.files:
             return None, None
-        lines = text.splitlines()
-        start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
-        at = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk) + 1
+        at = self.base_start(hunk) + _changed_offset(hunk) + 1
         index = self.base.index
         top = [s for s in index.symbols if s.file == hunk.path and s.kind != FIELD
                and index.enclosing(hunk.path, s.start_line) in (s, None)]
@@ -413,15 +424,21 @@ class _Target:
         return (max(above, key=lambda s: s.end_line) if above else None,
                 min(below, key=lambda s: s.start_line) if below else None)
 
+    def base_start(self, hunk: Hunk) -> int:
+        """Where the hunk's old side is in the base file (0-based), or where it says."""
+        key = (hunk.path, hunk.patch_index, hunk.old_start, hunk.text)
+        if key not in self.starts:
+            found = _find_block(self.base.flat_lines(hunk.path), list(hunk.old_lines),
+                                hunk.old_start - 1)
+            self.starts[key] = found if found is not None else hunk.old_start - 1
+        return self.starts[key]
+
     def base_symbol(self, hunk: Hunk) -> Symbol | None:
         """The base's symbol around the hunk's first change."""
-        text = self.base.text(hunk.path)
-        if text is None or hunk.path not in self.base.index.files:
+        if hunk.path not in self.base.index.files:
             return None
-        lines = text.splitlines()
-        start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
-        first = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk)
-        last = max(len(lines), 1)
+        first = self.base_start(hunk) + _changed_offset(hunk)
+        last = max(len(self.base.flat_lines(hunk.path)), 1)
         sym = self.base.index.enclosing(hunk.path, min(first + 1, last))
         if hunk.removed or sym is None:
             return sym
@@ -431,7 +448,13 @@ class _Target:
 
     def located(self, sym: Symbol) -> tuple[Candidate | None, str]:
         """Where `sym` went in the target: one sure candidate, or why there is none."""
-        found = self.locator.locate(sym)
+        key = (sym.qualname, sym.file, sym.start_line)
+        if key not in self.places:
+            self.places[key] = self._locate(sym)
+        return self.places[key]
+
+    def _locate(self, sym: Symbol) -> tuple[Candidate | None, str]:
+        found = self.locator.locate(sym, floor=SURE)
         if not found or found[0].confidence < SURE:
             return None, f"{sym.qualname} is not in the target"
         if len(found) > 1 and found[0].confidence - found[1].confidence < MARGIN \
@@ -547,9 +570,7 @@ class _Target:
                  tsym: Symbol) -> tuple[int, int, int] | None:
         """Try the hunk, in the target's spelling, inside `tsym`: (line, offset, fuzz) where it
         lands, or None."""
-        base_lines = (self.base.text(hunk.path) or "").splitlines()
-        start = _find_block(base_lines, list(hunk.old_lines), hunk.old_start - 1)
-        into = (start + 1 if start is not None else hunk.old_start) - base_sym.start_line
+        into = self.base_start(hunk) + 1 - base_sym.start_line
         return self._trial(hunk, tsym.file, max(1, tsym.start_line + into),
                            self.renames(hunk, base_sym, tsym),
                            (tsym.start_line - 3, tsym.end_line + 3))
