@@ -24,3 +24,7 @@ def _interrupted_early(kind: type[BaseException], value: BaseException,
 
 
 sys.excepthook = _interrupted_early
+
+from portkit.transaction import checkpoint  # noqa: E402 - only once Ctrl-C is one line
+
+checkpoint("start")

@@ -222,7 +222,7 @@ def _texts(record: Record) -> list[tuple[str, str]]:
     return [(name, text.decode("utf-8", errors="replace")) for name, text in record.series]
 
 
-def _changed_since(feature: str, record: Record, exc: PortkitError) -> ApplyConflict:
+def _changed_since(feature: str, record: Record, exc: ApplyConflict) -> ApplyConflict:
     return ApplyConflict(f"{feature} was applied by portkit, but the tree has changed since "
                          f"({exc.message}); see {record.folder}")
 
@@ -250,7 +250,7 @@ def _apply(tree: Tree, feature: str, *, pin: str | None, force: bool, dry_run: b
     if previous is not None:
         try:
             patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
-        except PortkitError as exc:
+        except ApplyConflict as exc:
             raise _changed_since(feature, previous, exc) from exc
         return Outcome(ALREADY, _texts(previous), previous.files)
     rendered = render_checked(tree, feature)
@@ -305,7 +305,7 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
     _refuse_unwritable([tree.llama_root / f for f in record.files])
     try:
         restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
-    except PortkitError as exc:
+    except ApplyConflict as exc:
         raise _changed_since(feature, record, exc) from exc
     folder = record_rel(feature)
     changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None

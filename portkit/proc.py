@@ -61,10 +61,12 @@ def run(
 def command_name(argv: list[str]) -> str:
     """The program and its first words, without options: `git apply`, `cmake /src`."""
     words: list[str] = []
-    for i, arg in enumerate(argv[:12]):
+    for i, arg in enumerate(argv):
         if not arg.startswith("-") and (i == 0 or argv[i - 1] != "-c"):
             words.append(Path(arg).name if i == 0 else arg)
-    return " ".join(words[:2])
+            if len(words) == 2:
+                break
+    return " ".join(words)
 
 
 def last_line(proc: subprocess.CompletedProcess[str]) -> str:

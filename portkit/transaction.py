@@ -57,16 +57,22 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # -- checkpoints: where the kill tests stop a real process ---------------------------------
 
 
+_hits: dict[str, int] = {}
+
+
 def checkpoint(point: str) -> None:
-    """With PORTKIT_CHECKPOINTS=FILE, note "pid point" there; with PORTKIT_PAUSE_AT=PATTERN
-    (fnmatch), also stop at the first matching point for PORTKIT_PAUSE_SECONDS (60)."""
+    """With PORTKIT_CHECKPOINTS=FILE, note "pid point#n" there (the n-th time this process
+    reaches the point); with PORTKIT_PAUSE_AT=PATTERN (fnmatch on "point#n"), also stop at
+    the first match for PORTKIT_PAUSE_SECONDS (60): time for a test to kill the process."""
     trace = os.environ.get("PORTKIT_CHECKPOINTS")
     if not trace:
         return
+    _hits[point] = _hits.get(point, 0) + 1
+    name = f"{point}#{_hits[point]}"
     pattern = os.environ.get("PORTKIT_PAUSE_AT", "")
-    pause = bool(pattern) and fnmatch.fnmatchcase(point, pattern)
+    pause = bool(pattern) and fnmatch.fnmatchcase(name, pattern)
     with open(trace, "a") as out:
-        out.write(f"{os.getpid()} {point}{' paused' if pause else ''}\n")
+        out.write(f"{os.getpid()} {name}{' paused' if pause else ''}\n")
     if pause:
         os.environ["PORTKIT_PAUSE_AT"] = ""  # once per process
         time.sleep(float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60")))

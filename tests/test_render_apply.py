@@ -178,7 +178,8 @@ def test_present_upstream_changes_nothing(registry_tree, tmp_path):
 def test_reverse_of_a_tree_never_patched_is_an_error(registry_tree, tmp_path):
     tree = sdist_copy(registry_tree, "0.3.17", tmp_path / "t")
     result = invoke("apply", "--pin", pin_of(tree), "--tree", str(tree), "--reverse")
-    assert result.exit_code == TreeError.exit_code and "is not applied to this tree" in result.output
+    assert result.exit_code == TreeError.exit_code
+    assert "is not applied to this tree" in result.output
 
 
 def test_ollama_fork_gets_the_series_in_llama_patches(registry_tree, tmp_path):
