@@ -405,7 +405,7 @@ def main() -> None:
             code = cli.main(prog_name="portkit", standalone_mode=False)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "portkit"
-        click.echo(f"portkit: {exc.format_message()} (see {where} --help)", err=True)
+        click.echo(f"portkit: {exc.format_message().rstrip('.')} (see {where} --help)", err=True)
         sys.exit(UsageError.exit_code)
     except click.ClickException as exc:
         click.echo(f"portkit: {exc.format_message()}", err=True)

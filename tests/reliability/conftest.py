@@ -42,6 +42,12 @@ def tree(trees: Trees, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for the harness's own files (checkpoint traces), apart from the tree."""
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture
 def patched(trees: Trees, tree: Path) -> Path:
     """The same copy, patched (as a clean apply leaves it)."""
     shutil.rmtree(tree)
