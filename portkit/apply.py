@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from portkit.transaction import (
     RemoveFolder,
     TreeFiles,
     Write,
+    scratch_folder,
     settle,
     sha256,
     transaction,
@@ -124,8 +124,8 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
     """What each of `files` (relative to `root`) holds once the series `patches` ((name,
     text), in series order) is applied, or taken out with reverse=True; None: it is gone.
     Worked out on copies in a private folder: `root` is only read."""
-    with tempfile.TemporaryDirectory(prefix="portkit-patch-") as scratch:
-        work, series = Path(scratch) / "tree", Path(scratch) / "series"
+    with scratch_folder() as scratch:
+        work, series = scratch / "tree", scratch / "series"
         work.mkdir()
         series.mkdir()
         with TreeFiles(root) as tree_files:

@@ -115,7 +115,11 @@ def stream(
         stderr=subprocess.STDOUT,
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            on_line(line.rstrip("\n"))
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                on_line(line.rstrip("\n"))
+        except BaseException:
+            proc.kill()  # an interrupt ends the build too, instead of waiting for it
+            raise
         return proc.wait()

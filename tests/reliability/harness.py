@@ -98,12 +98,15 @@ def portkit(args: Sequence[str], tree: Path, env: dict[str, str] | None = None,
     return Run(list(args), proc.returncode, proc.stdout, proc.stderr)
 
 
-def trace_points(args: Sequence[str], tree: Path, trace: Path) -> list[str]:
-    """Every checkpoint a portkit run passes, in order (the run is a real one)."""
+def trace_points(args: Sequence[str], tree: Path, trace: Path) -> tuple[list[str], float]:
+    """Every checkpoint a portkit run passes, in order (the run is a real one), and how
+    long the run took: the span random kills are spread over."""
     trace.unlink(missing_ok=True)
+    started = time.monotonic()
     run = portkit(args, tree, environ(PORTKIT_CHECKPOINTS=str(trace)))
+    took = time.monotonic() - started
     assert run.returncode == 0, run.stderr
-    return [line.split(" ", 1)[1] for line in trace.read_text().splitlines()]
+    return [line.split(" ", 1)[1] for line in trace.read_text().splitlines()], took
 
 
 @dataclass

@@ -56,13 +56,19 @@ def failures(results: list[Killed], done: str, undone: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def points(trees: Trees, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """The checkpoints of a real apply and a real reverse, in order."""
+def traced(trees: Trees, tmp_path_factory: pytest.TempPathFactory
+           ) -> dict[str, tuple[list[str], float]]:
+    """The checkpoints of a real apply and a real reverse, in order, and their run times."""
     work = tmp_path_factory.mktemp("trace")
     tree = work / "t"
     reset(tree, trees.before)
     return {"apply": trace_points(APPLY, tree, work / "a"),
             "reverse": trace_points(REVERSE, tree, work / "r")}
+
+
+@pytest.fixture(scope="module")
+def points(traced: dict[str, tuple[list[str], float]]) -> dict[str, list[str]]:
+    return {command: found for command, (found, _) in traced.items()}
 
 
 def test_checkpoints_cover_every_write_and_git_call(points):
@@ -101,10 +107,11 @@ def test_kills_during_reverse(trees, patched, points, tmp_path_factory):
     assert not failures(results, done="before", undone="after")
 
 
-def test_kills_at_random_times(trees, tree, tmp_path_factory):
+def test_kills_at_random_times(trees, tree, traced, tmp_path_factory):
     rng = random.Random(17)
+    took = traced["apply"][1]
     kills = [Kill(APPLY, None, rng.choice([signal.SIGKILL, signal.SIGTERM]),
-                  rng.uniform(0.3, 0.8)) for _ in range(4)]
+                  rng.uniform(0.2, 1.0) * took) for _ in range(4)]
     results = run_kills(kills, tree, trees.before, trees, tmp_path_factory.mktemp("work"))
     assert not failures(results, done="after", undone="before")
 
