@@ -172,17 +172,29 @@ def _enclosing_repository(path: Path) -> bool:
 
 def _refuse_dirty(tree: Tree, files: list[str]) -> None:
     """Refuse files with uncommitted changes in the repository holding the tree. The check
-    only reads: git takes no lock on the index and does not refresh it."""
+    only reads: git takes no lock on the index and does not refresh it, and files whose
+    bytes are those of the index are known clean without `git status` (which could run a
+    clean filter or a file-system monitor that the repository's configuration names)."""
     if not _enclosing_repository(tree.llama_root):
         return
-    proc = git(["status", "--porcelain", "--untracked-files=all", "--", *files],
-               cwd=tree.llama_root, check=False)
-    if proc.returncode != 0:
-        if "not a git repository" in proc.stderr:
+    listed = git(["ls-files", "--stage", "-z", "--", *files], cwd=tree.llama_root, check=False)
+    if listed.returncode != 0:
+        if "not a git repository" in listed.stderr:
             return  # a stray .git (a submodule link whose repository was not shipped)
         raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
-                        f"git status failed: {last_line(proc)}")
-    dirty = proc.stdout.splitlines()
+                        f"git ls-files failed: {last_line(listed)}")
+    staged = {entry.split("\t", 1)[1]: entry.split()[1]
+              for entry in listed.stdout.split("\0") if "\t" in entry}
+    if sorted(staged) == sorted(files) and all((tree.llama_root / f).is_file() for f in files):
+        hashed = git(["hash-object", "--no-filters", "--", *files], cwd=tree.llama_root)
+        if hashed.stdout.split() == [staged[f] for f in files]:
+            return
+    status = git(["status", "--porcelain", "--untracked-files=all", "--", *files],
+                 cwd=tree.llama_root, check=False)
+    if status.returncode != 0:
+        raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
+                        f"git status failed: {last_line(status)}")
+    dirty = status.stdout.splitlines()
     if dirty:
         raise TreeError(f"uncommitted changes in {dirty[0][3:]}"
                         + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")

@@ -112,14 +112,43 @@ def test_reverse_after_a_killed_reverse_still_reverses(trees, patched, tmp_path,
     assert snapshot(patched) == trees.states["before"]
 
 
-def test_sigkill_during_git_status_leaves_no_index_lock(trees, tree, tmp_path, work):
+@pytest.mark.parametrize("point", ["run:git ls-files#1", "run:git hash-object#1",
+                                   "run:git status#1"])
+def test_sigkill_during_the_dirty_check_leaves_no_index_lock(tree, work, point):
     gitdir = submodule_checkout(tree)
+    if point == "run:git status#1":  # only a file that differs from the index needs status
+        with (tree / "vendor" / "llama.cpp" / "src" / "llama-graph.h").open("a") as fh:
+            fh.write("// local work\n")
     index = (gitdir / "index").read_bytes()
-    reached, _ = interrupt(Kill(APPLY, "run:git status#1", signal.SIGKILL), tree, work)
+    reached, _ = interrupt(Kill(APPLY, point, signal.SIGKILL), tree, work)
     assert reached
     assert not (gitdir / "index.lock").exists()
     assert (gitdir / "index").read_bytes() == index
-    assert portkit(APPLY, tree).returncode == 0
+    expected = TreeError.exit_code if point == "run:git status#1" else 0
+    assert portkit(APPLY, tree).returncode == expected
+
+
+def test_the_repositorys_config_runs_no_program_during_the_dirty_check(tree, work):
+    """An sdist ships .git/modules/vendor/llama.cpp/config: a file-system monitor or a clean
+    filter named there must not run when portkit checks for uncommitted changes."""
+    gitdir = submodule_checkout(tree)
+    marker = work / "ran"
+    hook = work / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\ncat\n")
+    hook.chmod(0o755)
+    llama = tree / "vendor" / "llama.cpp"
+    (llama / ".gitattributes").write_text("* filter=evil\n")
+    git("add", ".gitattributes", cwd=llama)
+    git("commit", "-qm", "attributes", cwd=llama)
+    git("config", "core.fsmonitor", str(hook), cwd=llama)
+    git("config", "filter.evil.clean", str(hook), cwd=llama)
+    for path in (llama / "src").iterdir():
+        os.utime(path, (1, 1))  # stale stat data: git would hash the files again
+    index = (gitdir / "index").read_bytes()
+    run = portkit(APPLY, tree)
+    assert run.returncode == 0, run.stderr
+    assert not marker.exists()
+    assert (gitdir / "index").read_bytes() == index
 
 
 # -- 2. one writer at a time ------------------------------------------------------------------
