@@ -92,7 +92,7 @@ def fails_cleanly(fn: F) -> F:
         with _signals_interrupt():
             try:
                 return fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: B036 - Ctrl-C and SIGTERM end in one line too
+            except BaseException as exc:  # Ctrl-C and SIGTERM end in one line too
                 exit_for(exc)
 
     return wrapper  # type: ignore[return-value]
@@ -410,6 +410,6 @@ def main() -> None:
     except click.ClickException as exc:
         click.echo(f"portkit: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except BaseException as exc:  # noqa: B036 - one line for Ctrl-C outside a command too
+    except BaseException as exc:  # Ctrl-C outside a command too
         exit_for(exc)
     sys.exit(code if isinstance(code, int) else 0)
