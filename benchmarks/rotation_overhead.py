@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from portkit import tree as tree_mod
+from portkit.features import Feature
 from portkit.models import FULL_MODEL, QUICK_MODEL, model_path
 from portkit.proc import run
 from portkit.validate import Runner, Workspace, reference_runner
@@ -47,11 +48,12 @@ def main() -> None:
     args = ap.parse_args()
 
     tree = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.version}"))
-    workspace = Workspace(tree, "kv-rotation")
+    feature = Feature.load("kv-rotation")
+    workspace = Workspace(tree, feature)
     workspace.prepare()
     reference = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.reference}"))
     builds = {"port": Runner(workspace).bin("patched") / "llama-bench",
-              "upstream": reference_runner(reference, "kv-rotation").bin("unpatched")
+              "upstream": reference_runner(reference, feature).bin("unpatched")
               / "llama-bench"}
     print(f"port onto llama-cpp-python {args.version} (llama.cpp {(tree.pin or '?')[:12]}), "
           f"upstream {args.reference} ({(reference.pin or '?')[:12]}); q8_0/q8_0 cache, "

@@ -15,6 +15,10 @@ anchor is optional, in which case it is reported absent with what that absence m
 An anchor can carry named points inside its target: `before`/`after` the innermost statement
 (or class member) whose text contains a pattern, optionally `within` an enclosing statement,
 or at `body-start` / `body-end`.
+
+Besides resolution, which must settle on one symbol, the same strategies rank candidates
+without choosing: `Resolver.candidates` for a spec, `find` for a name, and `locate` for where
+a symbol of one tree went in another (drift and rebase compare a base and a target tree).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import fnmatch
 import itertools
 import re
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -37,8 +41,12 @@ from portkit.errors import AnchorError, PortkitError
 from portkit.index import (
     CLASS,
     DECLARATION,
+    ENUM,
+    ENUMERATOR,
     FIELD,
     FUNCTION,
+    MACRO,
+    VARIABLE,
     Index,
     Symbol,
     flat,
@@ -50,6 +58,7 @@ EXACT, ALIAS, STRUCTURE, SIMILARITY = "exact", "alias", "structure", "similarity
 CONFIDENCE = {EXACT: 1.0, ALIAS: 0.95, STRUCTURE: 0.8}
 SIMILARITY_THRESHOLD = 0.6
 SIMILARITY_MARGIN = 0.1
+UNFIT = 0.5  # a candidate named as the spec says but failing its predicates: half as sure
 
 _KINDS = {"class": {CLASS}, "function": {FUNCTION}, "declaration": {DECLARATION},
           "field": {FIELD}, "member": {DECLARATION, FUNCTION, FIELD}}
@@ -87,8 +96,10 @@ def canonical(text: str) -> str:
 
 
 def qualname_variants(qualname: str) -> list[str]:
-    """All spellings of a qualified name through the alias groups of each component."""
-    parts = [aliases_of(p) for p in qualname.split("::")]
+    """All spellings of a qualified name through the alias groups of each component (a
+    destructor's `~name` through those of its name)."""
+    parts = [tuple(f"~{a}" for a in aliases_of(p[1:])) if p.startswith("~") else aliases_of(p)
+             for p in qualname.split("::")]
     return ["::".join(combo) for combo in itertools.product(*parts)]
 
 
@@ -219,13 +230,17 @@ class Point:
 
 @dataclass
 class Candidate:
+    """A symbol that may be what was asked for: how it was found, how sure that is, and why."""
+
     symbol: Symbol
-    score: float
+    confidence: float  # 0..1
     why: str = ""
+    strategy: str = ""  # exact | alias | structure | similarity; "" for a resolution's runner-up
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.symbol.signature(), "where": self.symbol.where,
-                "score": round(self.score, 3), "why": self.why}
+        found = {"strategy": self.strategy} if self.strategy else {}
+        return {"name": self.symbol.signature(), "where": self.symbol.where, **found,
+                "score": round(self.confidence, 3), "why": self.why}
 
 
 @dataclass
@@ -351,14 +366,62 @@ class Resolver:
         have = _shingles(normalise(self.index.text(sym)))
         return len(want & have) / len(want) if want else 0.0
 
+    # the strategies, shared by `resolve` and `candidates` ---------------------------------
+
+    @staticmethod
+    def _named(spec: AnchorSpec, pool: list[Symbol], strategy: str) -> list[Symbol]:
+        """The symbols of `pool` named as the spec says (EXACT) or by an alias (ALIAS)."""
+        names = [spec.name] if strategy == EXACT else [
+            n for n in qualname_variants(spec.name) if n != spec.name]
+        return [s for s in pool if s.qualname in names]
+
+    def _structural(self, spec: AnchorSpec, pool: list[Symbol]) -> list[Symbol]:
+        return [s for s in pool if self.fits(spec, s)]
+
+    def _similar(self, spec: AnchorSpec, pool: list[Symbol]) -> list[tuple[float, Symbol]]:
+        """Every symbol of `pool` with its similarity to `similar_to`, most similar first."""
+        return sorted(((self.similarity(spec, s), s) for s in pool), key=lambda p: -p[0])
+
+    def candidates(self, spec: AnchorSpec, limit: int = 5) -> list[Candidate]:
+        """The symbols that may be the target of `spec`, best first: what `resolve` chooses
+        from, ranked instead of settled, so never an error.
+
+        A symbol named as the spec says (or by an alias) that fails its predicates stays, at
+        half its strategy's confidence, saying what it lacks; structure counts when the spec
+        has structural predicates, similarity when it has `similar_to`.
+        """
+        pool = self._candidates(spec)
+        best: dict[int, Candidate] = {}
+
+        def keep(found: Candidate) -> None:
+            held = best.get(id(found.symbol))
+            if held is None or held.confidence < found.confidence:
+                best[id(found.symbol)] = found
+
+        for strategy in (EXACT, ALIAS):
+            for sym in self._named(spec, pool, strategy):
+                failures = self.failures(spec, sym)
+                if failures:
+                    keep(Candidate(sym, CONFIDENCE[strategy] * UNFIT,
+                                   "lacks " + ", ".join(failures), strategy))
+                else:
+                    keep(Candidate(sym, CONFIDENCE[strategy], f"named {sym.qualname}", strategy))
+        if spec.structural:
+            for sym in self._structural(spec, pool):
+                keep(Candidate(sym, CONFIDENCE[STRUCTURE], "does what the spec says", STRUCTURE))
+        if spec.similar_to:
+            for score, sym in self._similar(spec, pool):
+                if score > 0:
+                    keep(Candidate(sym, score, "resembles the spec's snippet", SIMILARITY))
+        return sorted(best.values(), key=lambda c: -c.confidence)[:limit]
+
     # resolution -------------------------------------------------------------------------
 
     def resolve(self, spec: AnchorSpec) -> Resolution:
         pool = self._candidates(spec)
         notes: list[str] = []
-        older = [n for n in qualname_variants(spec.name) if n != spec.name]
-        for strategy, names in ((EXACT, [spec.name]), (ALIAS, older)):
-            named = [s for s in pool if s.qualname in names]
+        for strategy in (EXACT, ALIAS):
+            named = self._named(spec, pool, strategy)
             fitting = [s for s in named if self.fits(spec, s)]
             if not fitting:
                 notes += [f"{s.qualname} at {s.where} lacks " + ", ".join(self.failures(spec, s))
@@ -371,7 +434,7 @@ class Resolver:
                 return self._found(spec, strategy, CONFIDENCE[strategy], fitting[0], others,
                                    "; ".join(notes))
         if spec.structural:
-            fitting = [s for s in pool if self.fits(spec, s)]
+            fitting = self._structural(spec, pool)
             if len(fitting) > 1:
                 self._ambiguous(spec, STRUCTURE, fitting)
             if fitting:
@@ -380,14 +443,14 @@ class Resolver:
                                    "; ".join([note, *notes]))
         ranked: list[Candidate] = []
         if spec.similar_to:
-            ranked = sorted((Candidate(s, self.similarity(spec, s)) for s in pool),
-                            key=lambda c: -c.score)[:4]
-            if ranked and ranked[0].score >= SIMILARITY_THRESHOLD:
+            ranked = [Candidate(s, score) for score, s in self._similar(spec, pool)[:4]]
+            if ranked and ranked[0].confidence >= SIMILARITY_THRESHOLD:
                 best, rest = ranked[0], ranked[1:]
-                if rest and rest[0].score > best.score - SIMILARITY_MARGIN:
-                    self._ambiguous(spec, SIMILARITY, [c.symbol for c in ranked
-                                                       if c.score > best.score - SIMILARITY_MARGIN])
-                return self._found(spec, SIMILARITY, best.score, best.symbol, rest,
+                if rest and rest[0].confidence > best.confidence - SIMILARITY_MARGIN:
+                    self._ambiguous(spec, SIMILARITY, [
+                        c.symbol for c in ranked
+                        if c.confidence > best.confidence - SIMILARITY_MARGIN])
+                return self._found(spec, SIMILARITY, best.confidence, best.symbol, rest,
                                    f"no symbol named {spec.name}; body resembles the spec's")
         if spec.optional:
             return Resolution(spec, "absent", note=spec.absent or "not in this tree")
@@ -409,7 +472,8 @@ class Resolver:
         if notes:
             return f"no {spec.what} {spec.name} that fits the spec ({notes[0]})"
         if ranked:
-            near = [f"{c.symbol.qualname} ({c.score:.2f}, {c.symbol.where})" for c in ranked[:3]]
+            near = [f"{c.symbol.qualname} ({c.confidence:.2f}, {c.symbol.where})"
+                    for c in ranked[:3]]
         else:
             names = sorted({s.qualname for s in pool})
             close = difflib.get_close_matches(spec.name, names, n=3, cutoff=0.5)
@@ -577,3 +641,240 @@ def require(resolutions: dict[str, Resolution]) -> dict[str, Resolution]:
         if res.status == "error":
             raise AnchorError(res.note)
     return resolutions
+
+
+# -- lookup across trees ----------------------------------------------------------------
+
+
+def find(index: Index, name: str, kinds: Collection[str] | None = None) -> list[Candidate]:
+    """The symbols of `index` called `name` (qualified or not, as `Index.find` matches), then
+    those called by another name of its rename group or of a qualifier's (aliases.toml)."""
+    found = [Candidate(s, CONFIDENCE[EXACT], f"named {name}", EXACT)
+             for s in index.find(name, kinds)]
+    for variant in qualname_variants(name):
+        if variant != name:
+            found += [Candidate(s, CONFIDENCE[ALIAS], f"{variant} is a name of {name}", ALIAS)
+                      for s in index.find(variant, kinds)]
+    return found
+
+
+LOCATE_THRESHOLD = 0.5  # the least body, member or name likeness that makes a candidate
+LOCATE_FLOOR = 0.4  # the least confidence of a candidate found by other than its name
+MIN_BODY_TOKENS = 12  # a shorter body (a getter, `{}`) tells nothing about who it is
+MOVED = 0.98  # the same name in another file: as sure, but a same-file twin ranks first
+TAKEN = 0.6  # a look-alike whose own name the base tree has too is likely not a rename
+
+# Kinds a symbol may turn into under the same name: a field into an accessor, a macro into
+# a constant. Tried only when the name holds nothing of the symbol's own kind.
+_RELATED = {FIELD: {DECLARATION, FUNCTION}, DECLARATION: {FIELD, FUNCTION},
+            FUNCTION: {DECLARATION}, MACRO: {VARIABLE, ENUMERATOR},
+            VARIABLE: {MACRO, ENUMERATOR}, ENUMERATOR: {MACRO, VARIABLE}}
+
+
+class Locator:
+    """Where the symbols of a base tree's index went in a target tree's index.
+
+    `locate` ranks candidates, and never picks silently between near-equal ones:
+
+      exact       the same qualified name, same kind (1.0 when the signature is the same);
+      alias       a name of its rename group, or of a qualifier's (0.95 likewise);
+      structure   another name, same kind, anywhere in the target, with the same body
+                  (functions, variables, macros) or the same members (classes, enums) (0.9);
+                  or the same name in the class that its class became (as sure as that);
+      similarity  another name with a body or members alike (up to 0.85), or, for what has
+                  no body to compare, a close name in the same scope with the same signature.
+
+    A changed signature or kind, a move to another file, and a look-alike whose name the
+    base tree also has each lower the confidence; `why` says which applied. Other names are
+    searched only when no same-named symbol keeps the signature, and look-alikes below
+    LOCATE_FLOOR are dropped.
+    """
+
+    def __init__(self, base: Index, target: Index) -> None:
+        self.base = base
+        self.target = target
+        self._tokens: dict[int, tuple[str, ...]] = {}  # by id() of a symbol of either index
+        self._homes: dict[str, list[Candidate]] = {}  # where each base class went
+        self._of_kind: dict[str, list[Symbol]] = {}  # the target's symbols by kind
+
+    def locate(self, sym: Symbol, limit: int = 5) -> list[Candidate]:
+        named = self._by_name(sym)
+        found = list(named)
+        if not any(c.symbol.kind == sym.kind and self._same_signature(sym, c.symbol)
+                   for c in named):
+            best: dict[int, Candidate] = {}
+            for cand in self._in_renamed_class(sym) + self._look_alikes(sym):
+                held = best.get(id(cand.symbol))
+                if cand.confidence >= LOCATE_FLOOR and (
+                        held is None or held.confidence < cand.confidence):
+                    best[id(cand.symbol)] = cand
+            seen = {id(c.symbol) for c in named}
+            found += [c for c in best.values() if id(c.symbol) not in seen]
+        found.sort(key=lambda c: (-c.confidence, c.symbol.file != sym.file, c.symbol.start_byte))
+        return found[:limit]
+
+    # by name ----------------------------------------------------------------------------
+
+    def _by_name(self, sym: Symbol) -> list[Candidate]:
+        found = []
+        for variant in qualname_variants(sym.qualname):
+            strategy = EXACT if variant == sym.qualname else ALIAS
+            for other in self.target.by_qualname.get(variant, ()):
+                if other.kind == sym.kind or other.kind in _RELATED.get(sym.kind, ()):
+                    found.append(self._named(sym, other, strategy))
+        same_kind = [c for c in found if c.symbol.kind == sym.kind]
+        return same_kind or found
+
+    def _named(self, sym: Symbol, other: Symbol, strategy: str) -> Candidate:
+        confidence = CONFIDENCE[strategy]
+        why = [f"named {other.qualname}" if strategy == EXACT
+               else f"{other.qualname} is a name of {sym.qualname}"]
+        if other.kind != sym.kind:
+            confidence *= 0.8
+            why.append(f"was a {sym.kind}, now a {other.kind}")
+        if not self._same_signature(sym, other):
+            confidence *= 0.75 + 0.2 * self._closeness(sym, other)
+            why.append(f"{_shape(sym)} -> {_shape(other)}")
+        if other.file != sym.file:
+            confidence *= MOVED
+            why.append(f"moved from {sym.file}")
+        return Candidate(other, confidence, "; ".join(why), strategy)
+
+    # by its class ------------------------------------------------------------------------
+
+    def _in_renamed_class(self, sym: Symbol) -> list[Candidate]:
+        """The same name in the class that the class of `sym` became, when that class was
+        renamed (not through an alias: then `sym` is found by name)."""
+        found = []
+        for home in self._homes_of(sym.scope):
+            for other in self.target.by_qualname.get(f"{home.symbol.qualname}::{sym.name}", ()):
+                if other.kind == sym.kind:
+                    same = self._same_signature(sym, other)
+                    found.append(Candidate(
+                        other, home.confidence * (1.0 if same else 0.9),
+                        f"{sym.scope} became {home.symbol.qualname} ({home.why})"
+                        + ("" if same else f"; {_shape(sym)} -> {_shape(other)}"), STRUCTURE))
+        return found
+
+    def _homes_of(self, scope: str) -> list[Candidate]:
+        if scope not in self._homes:
+            classes = [s for s in self.base.by_qualname.get(scope, ()) if s.kind == CLASS]
+            self._homes[scope] = [
+                c for c in self._look_alikes(classes[0]) if c.confidence >= LOCATE_FLOOR
+            ] if classes and not self._by_name(classes[0]) else []
+        return self._homes[scope]
+
+    # by body, members or signature ------------------------------------------------------
+
+    def _look_alikes(self, sym: Symbol) -> list[Candidate]:
+        if sym.kind not in self._of_kind:
+            self._of_kind[sym.kind] = [s for s in self.target.symbols if s.kind == sym.kind]
+        pool = self._of_kind[sym.kind]
+        if sym.kind in {CLASS, ENUM}:
+            mine = self._member_names(self.base, sym)
+            if len(mine) < 3:  # two members alike say little
+                return []
+            scored = [(_jaccard(mine, self._member_names(self.target, s)), s, "members")
+                      for s in pool]
+        elif len(self._body_tokens(self.base, sym)) >= MIN_BODY_TOKENS:
+            size = sym.body_end - sym.body_start
+            scored = [(self._body_likeness(sym, s), s, "body") for s in pool
+                      if s.body_start >= 0 and size / 2 <= s.body_end - s.body_start <= size * 2]
+        else:
+            return self._close_names(sym, pool)
+        found = []
+        for score, other, what in scored:
+            if score < LOCATE_THRESHOLD:
+                continue
+            if score == 1.0:
+                strategy, confidence, why = STRUCTURE, 0.9, f"the same {what}"
+            else:
+                strategy, confidence, why = SIMILARITY, 0.85 * score, f"{what} {score:.0%} alike"
+            found.append(self._look_alike(sym, other, strategy, confidence, why))
+        return found
+
+    def _close_names(self, sym: Symbol, pool: list[Symbol]) -> list[Candidate]:
+        """For what has no telling body: a close name in the same scope, same signature."""
+        found = []
+        for other in pool:
+            if (canonical(other.scope) != canonical(sym.scope)
+                    or not self._same_signature(sym, other)
+                    or self._body_tokens(self.base, sym) != self._body_tokens(self.target, other)):
+                continue
+            ratio = _name_likeness(sym.name, other.name)
+            if ratio >= LOCATE_THRESHOLD:
+                found.append(self._look_alike(sym, other, SIMILARITY, 0.7 * ratio,
+                                              f"a name {ratio:.0%} alike, same signature"))
+        return found
+
+    def _look_alike(self, sym: Symbol, other: Symbol, strategy: str, confidence: float,
+                    why: str) -> Candidate:
+        # near-equal look-alikes (ggml's families of kernels) part by how alike their names are
+        confidence *= 0.9 + 0.1 * _name_likeness(sym.name, other.name)
+        reasons = [f"{other.qualname}: {why}"]
+        if self.base.by_qualname.get(other.qualname):
+            confidence *= TAKEN
+            reasons.append(f"{other.qualname} is in the base tree too")
+        return Candidate(other, confidence, "; ".join(reasons), strategy)
+
+    # measures ---------------------------------------------------------------------------
+
+    def _body_tokens(self, index: Index, sym: Symbol) -> tuple[str, ...]:
+        """The body's (or value's) tokens, each identifier by today's name of its group."""
+        if id(sym) not in self._tokens:
+            body = index.body(sym).replace("\\\n", " ")
+            self._tokens[id(sym)] = tuple(aliases_of(t)[0] for t in normalise(body))
+        return self._tokens[id(sym)]
+
+    def _body_likeness(self, sym: Symbol, other: Symbol) -> float:
+        mine = self._body_tokens(self.base, sym)
+        theirs = self._body_tokens(self.target, other)
+        if mine == theirs:
+            return 1.0
+        return _jaccard(_shingles(list(mine)), _shingles(list(theirs)))
+
+    @staticmethod
+    def _member_names(index: Index, sym: Symbol) -> set[str]:
+        return {canonical(m.name) for m in index.members(sym)}
+
+    def _closeness(self, sym: Symbol, other: Symbol) -> float:
+        """How alike two same-named symbols are beyond their signatures: their bodies, or
+        else their parameter lists."""
+        if sym.body_start >= 0 and other.body_start >= 0:
+            return self._body_likeness(sym, other)
+        return difflib.SequenceMatcher(None, _canonical_params(sym),
+                                       _canonical_params(other)).ratio()
+
+    @staticmethod
+    def _same_signature(sym: Symbol, other: Symbol) -> bool:
+        return (_canonical_params(sym) == _canonical_params(other)
+                and canonical(sym.returns) == canonical(other.returns))
+
+
+def locate(base_index: Index, base_symbol: Symbol, target_index: Index,
+           limit: int = 5) -> list[Candidate]:
+    """Where `base_symbol` of `base_index` went in `target_index`, ranked (see `Locator`;
+    use one Locator for many symbols of the same two trees)."""
+    return Locator(base_index, target_index).locate(base_symbol, limit)
+
+
+def _name_likeness(a: str, b: str) -> float:
+    """How alike two names are; nothing when both have numbers and those differ
+    (`LLM_TYPE_47M` is not `LLM_TYPE_537M` renamed, `q4_0` is not `q4_1`)."""
+    numbers_a, numbers_b = re.findall(r"\d+", a), re.findall(r"\d+", b)
+    if numbers_a and numbers_b and numbers_a != numbers_b:
+        return 0.0
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _canonical_params(sym: Symbol) -> list[str]:
+    return [canonical(p) for p in sym.params]
+
+
+def _shape(sym: Symbol) -> str:
+    """A symbol's signature with its type, for saying what changed."""
+    return f"{sym.returns} {sym.signature()}".strip() if sym.returns else sym.signature()
+
+
+def _jaccard(a: set[Any], b: set[Any]) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -20,13 +21,23 @@ from portkit.errors import PortkitError
 from portkit.proc import run, stream
 from portkit.tree import Tree
 
-HARNESS = Path(__file__).parent / "harness" / "rotation_checks.cpp"
-
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
     "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
 )
+# Virtual machines may advertise AMX (Sapphire Rapids and later) without letting a process
+# use its tiles: with -march=native, ggml's AMX kernels then die of SIGILL at the first
+# matmul. Validation compares builds with each other, so it loses nothing without them.
+# GCC keeps explicit -mno-* flags over what a later -march=native implies.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_options() -> list[str]:
+    options = list(CMAKE_OPTIONS)
+    if platform.machine() in ("x86_64", "AMD64"):
+        options += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    return options
 
 
 @dataclass(frozen=True)
@@ -61,16 +72,21 @@ def _ccache_env(llama_root: Path) -> dict[str, str]:
 
 
 def configure(llama_root: Path, folder: Path) -> Path:
-    """Configure the tree's CMake project into `folder` (once; later calls are no-ops)."""
+    """Configure the tree's CMake project into `folder` (once per set of options; later calls
+    are no-ops)."""
     _check_tools()
-    if not (folder / "build.ninja").is_file():
+    options = cmake_options()
+    stamp = folder / "portkit-options"
+    if not (folder / "build.ninja").is_file() or not stamp.is_file() \
+            or stamp.read_text() != "\n".join(options):
         folder.mkdir(parents=True, exist_ok=True)
-        proc = run(["cmake", "-S", llama_root, "-B", folder, "-G", "Ninja", *CMAKE_OPTIONS],
+        proc = run(["cmake", "-S", llama_root, "-B", folder, "-G", "Ninja", *options],
                    check=False, env=_ccache_env(llama_root))
         if proc.returncode != 0:
             log = folder / "configure.log"
             log.write_text(proc.stdout + proc.stderr)
             raise PortkitError(f"cmake configure failed: {_first_error(proc.stderr)} (log: {log})")
+        stamp.write_text("\n".join(options))
     return folder
 
 
@@ -99,18 +115,27 @@ def ninja(llama_root: Path, folder: Path, targets: list[str], label: str = "buil
         raise PortkitError(f"build failed: {_first_error(log.read_text())} (log: {log})")
 
 
-def build_tools(llama_root: Path, folder: Path, targets: list[str], label: str) -> Path:
-    """Configure and build `targets` of the tree, plus portkit's harness; return the bin dir."""
+def harness_binary(source: Path) -> str:
+    """The name a harness source builds to: rotation_checks.cpp -> portkit-rotation-checks."""
+    return "portkit-" + source.stem.replace("_", "-")
+
+
+def build_tools(llama_root: Path, folder: Path, targets: list[str], label: str,
+                harness_source: Path | None = None) -> Path:
+    """Configure and build `targets` of the tree, plus a feature's harness (a C++ program
+    against the tree's libllama); return the bin dir."""
     configure(llama_root, folder)
     ninja(llama_root, folder, [*targets, "llama"], label)
     bin_dir = folder / "bin"
-    harness = bin_dir / "portkit-rotation-checks"
+    if harness_source is None:
+        return bin_dir
+    harness = bin_dir / harness_binary(harness_source)
     header = (llama_root / "include" / "llama.h").read_text()
     flags = [] if "flash_attn_type" in header else ["-DPORTKIT_FLASH_ATTN_BOOL"]
     compiler = shutil.which("c++") or shutil.which("g++") or "c++"
     if not harness.is_file() or harness.stat().st_mtime < max(
-            HARNESS.stat().st_mtime, (bin_dir / "libllama.so").stat().st_mtime):
-        proc = run([compiler, "-std=c++17", "-O2", *flags, HARNESS,
+            harness_source.stat().st_mtime, (bin_dir / "libllama.so").stat().st_mtime):
+        proc = run([compiler, "-std=c++17", "-O2", *flags, harness_source,
                     f"-I{llama_root / 'include'}", f"-I{llama_root / 'ggml' / 'include'}",
                     f"-L{bin_dir}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{bin_dir}", "-o", harness], check=False)

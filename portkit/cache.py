@@ -1,13 +1,40 @@
-"""Where portkit keeps what it downloads, unpacks and computes.
+"""Where portkit keeps what it downloads, unpacks and computes, and how it fills it safely.
 
 $PORTKIT_CACHE, or ~/.cache/portkit.
+
+Several portkit processes may fill the cache at once, and any of them may be interrupted.
+So a download or an unpacked tree is made in a scratch folder beside its destination and
+published by renaming it, one process at a time per destination (`exclusive`); a scratch
+folder is removed on any exception, Ctrl-C or SIGTERM (`scratch`), and one left behind by a
+killed process is swept away later (`sweep`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+
+from portkit.errors import PortkitError
+from portkit.proc import run
+
+# Prefixes of the scratch folders portkit makes inside the cache; anything else is left alone.
+SCRATCH_PREFIXES = (".unpack-", ".clone-", ".copy-", ".download-", ".old-")
+STALE_AFTER = 3600.0  # seconds: a scratch folder that old and unlocked has no owner left
+# When this process started, near enough (portkit is imported first thing): what another
+# process made after it was made "at the same time".
+STARTED = time.time()
 
 
 def cache_root() -> Path:
@@ -28,3 +55,133 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def note(message: str) -> None:
+    """One line of news on stderr (stdout stays the command's answer)."""
+    sys.stderr.write(f"portkit: {message}\n")
+    sys.stderr.flush()
+
+
+@contextmanager
+def exclusive(name: str, what: str) -> Iterator[Path]:
+    """Hold the cache-wide lock `name` (an flock on a file under locks/): one process at a
+    time prepares a given destination; the others wait, then find it made. Yields the lock
+    file, where the holder may leave a note for the next one."""
+    path = cache_dir("locks") / f"{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            note(f"waiting for another portkit process to finish {what}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def terminable() -> Iterator[None]:
+    """Let SIGTERM unwind the stack like Ctrl-C does, so that `finally` blocks run."""
+    if threading.current_thread() is not threading.main_thread() or (
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def scratch(parent: Path, prefix: str) -> Iterator[Path]:
+    """A new, locked, empty folder in `parent` to prepare something in. Rename it into place
+    when it is complete; whatever is still there at the end, however it ends, is removed."""
+    with terminable():
+        path = _new_folder(parent, prefix)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """Like tempfile.mkdtemp, but with the umask's permissions rather than 0700: the folder
+    becomes a tree or a copy that others may read."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+
+
+def _in_use(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep(parent: Path, *, older_than: float = STALE_AFTER) -> list[Path]:
+    """Remove the scratch folders in `parent` that interrupted processes left: older than
+    `older_than` seconds and locked by no one. Return what was removed."""
+    now = time.time()
+    removed = []
+    for path in parent.iterdir():
+        if not path.name.startswith(SCRATCH_PREFIXES) or not path.is_dir():
+            continue
+        try:
+            age = now - path.lstat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > older_than and not _in_use(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def publish(ready: Path, dest: Path) -> Path:
+    """Rename the complete folder `ready` to `dest`, replacing an older `dest` with two
+    renames (the old one is moved aside first), so that `dest` is never half made."""
+    if dest.exists():
+        aside = _new_folder(dest.parent, ".old-")
+        dest.rename(aside / dest.name)
+        ready.rename(dest)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        ready.rename(dest)
+    return dest
+
+
+def pip_download(args: Sequence[str], into: Path, what: str) -> None:
+    """`pip download ARGS -d INTO`, saying what is downloaded. On a terminal pip's own
+    progress bar shows; elsewhere pip is quiet and its last line is the error, if any."""
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", *args, "-d", str(into)]
+    note(f"downloading {what}")
+    if not sys.stderr.isatty():
+        run([*argv, "--quiet"])
+        return
+    # pip draws its progress bar on its stdout; send it to our stderr so that our stdout
+    # stays the command's answer (e.g. the path that `tree fetch` prints).
+    code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                          check=False).returncode
+    if code != 0:
+        raise PortkitError(f"pip download of {what} failed (exit {code}; pip's message is above)")

@@ -28,7 +28,7 @@ from portkit.errors import (
     PortkitError,
     UsageError,
 )
-from portkit.features import DEFAULT_FEATURE, resolve_feature
+from portkit.features import DEFAULT_FEATURE, Feature, resolve_feature
 from portkit.render import PRESENT, Rendered
 from portkit.report import emit_json, emit_table
 from portkit.transaction import interrupt_note, publish_folder, recover, recovered_line, settle
@@ -328,8 +328,10 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
     if outcome.compiled is not None:
         click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
     if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
-        reference = tree_mod.detect(tree_mod.fetch(validate_mod.DEFAULT_REFERENCE))
-        report = validate_mod.validate(tree_mod.detect(tree_path), feature, reference=reference)
+        port = Feature.load(feature)
+        reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
+            if port.validation.reference else None
+        report = validate_mod.validate(tree_mod.detect(tree_path), port, reference=reference)
         click.echo(report.text())
         if not report.passed:
             sys.exit(1)
@@ -344,9 +346,10 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
               help="Also Qwen2.5-Coder-0.5B (qwen2) and the q8_0/q4_0, f16/q4_0 caches.")
 @click.option("--model", "models", multiple=True,
               help="smollm2, qwen2.5-coder-0.5b, or a .gguf file (repeatable).")
-@click.option("--reference", default=validate_mod.DEFAULT_REFERENCE, show_default=True,
-              help="A tree with upstream's own rotation (a path or a `tree fetch` spec), built "
-                   "and run side by side as the reference for check b.")
+@click.option("--reference",
+              help="A tree with the feature upstream (a path or a `tree fetch` spec), built and "
+                   "run side by side as the live reference. Default: the feature's own "
+                   "(kv-rotation: pypi:llama-cpp-python==0.3.20, upstream's first rotation).")
 @click.option("--published", is_flag=True,
               help="Compare with the figures upstream published instead of a live reference "
                    "run (they reproduce exactly on an AVX-512 CPU; other SIMD paths differ "
@@ -355,7 +358,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
               default="text", show_default=True)
 @fails_cleanly
 def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ...],
-                 reference: str, published: bool, fmt: str) -> None:
+                 reference: str | None, published: bool, fmt: str) -> None:
     """Build the unpatched and the patched tree, run real models, and prove the port.
 
     \b
@@ -368,8 +371,10 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     Exits 1 when a check fails.
     """
     info = open_tree(tree_path)
-    ref = None if published else tree_mod.detect(tree_mod.fetch(reference))
-    report = validate_mod.validate(info, feature, full=mode == "full",
+    port = Feature.load(feature)
+    spec = reference or port.validation.reference
+    ref = None if published or spec is None else tree_mod.detect(tree_mod.fetch(spec))
+    report = validate_mod.validate(info, port, full=mode == "full",
                                    models=list(models) or None, reference=ref)
     if fmt == "json":
         click.echo(validate_mod.report_json(report))

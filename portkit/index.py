@@ -1,16 +1,22 @@
 """Stage 2, index: a tree-sitter symbol table of C/C++ sources, cached by file content hash.
 
-Each file yields classes and structs (with their fields and method declarations), function
-and method definitions and declarations (in-class and out-of-class, static, templates) with
-qualified names, parameter types, return types, byte and line ranges, and a normalised
-fingerprint of each body. Parse errors (macro-heavy code) are recorded per file and per
-symbol; they never stop the index.
+Each file yields classes, structs and unions (with their fields and method declarations),
+enums (with their enumerators), function and method definitions and declarations (in-class
+and out-of-class, static, templates) with qualified names, file-scope variables, and macros,
+each with byte and line ranges; parameter and return types, variable and field types and a
+normalised fingerprint of each body or value are read from them on demand. Parse errors
+(macro-heavy code) are recorded per file and per symbol; they never stop the index.
 
 A cold index costs one tree-sitter parse per file plus a walk that only records names and
 spans: what few symbols are ever asked about is derived on demand. Parameter types come from
 a tree-sitter parse of the stored parameter list, types are spelled out (`squash`) when read,
 and fingerprints and calls are read from the body's text.
+
+The syntax trees an index makes belong to its `ParseCache`: two indexes in one process (a
+base tree and a target tree) never share or evict each other's trees, and the trees go with
+the index. Only pure functions of text (`param_types`) are memoised for the whole process.
 """
+
 
 from __future__ import annotations
 
@@ -19,9 +25,9 @@ import marshal
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, fields
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from operator import attrgetter
 from pathlib import Path
 
@@ -29,16 +35,26 @@ import tree_sitter_cpp
 from tree_sitter import Language, Node, Parser, Point, Range, Tree
 
 from portkit.cache import cache_dir
+from portkit.errors import PortkitError
 
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6
 
 CLASS = "class"
 FUNCTION = "function"
 DECLARATION = "declaration"
 FIELD = "field"
+ENUM = "enum"
+ENUMERATOR = "enumerator"
+VARIABLE = "variable"
+MACRO = "macro"
+
+# Members stand for their class or enum in `Index.enclosing`.
+_MEMBERS = {FIELD, DECLARATION, ENUMERATOR}
+_CONTAINER_KINDS = {CLASS, ENUM}
 
 _SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx"}
 _CLASS_NODES = {"class_specifier", "struct_specifier", "union_specifier"}
+_TYPE_NODES = _CLASS_NODES | {"enum_specifier"}
 _CONTAINERS = {
     "preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef",
     "declaration_list", "linkage_specification",
@@ -56,7 +72,7 @@ _NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "de
 
 @dataclass
 class Symbol:
-    kind: str  # class | function | declaration | field
+    kind: str  # class | function | declaration | field | enum | enumerator | variable | macro
     name: str
     qualname: str
     file: str  # relative to the indexed root
@@ -64,11 +80,15 @@ class Symbol:
     end_byte: int
     start_line: int  # 1-based
     end_line: int
-    scope: str = ""  # enclosing class or namespace, qualified
-    param_list: str = ""  # functions: the parameter list as written, "(...)"
-    type_text: str = ""  # functions: the return type; fields: the type, as written
+    scope: str = ""  # enclosing class or namespace, qualified; an enumerator's: its enum
+    # functions and function-like macros: the parameter list as written, "(...)"
+    param_list: str = ""
+    # functions: the return type; fields and variables: the type; enums: the underlying type
+    type_text: str = ""
     is_static: bool = False
-    body_start: int = -1  # byte offset of the body's "{" (functions, classes)
+    # the body's "{" to its "}" (functions, classes, enums); the value of a macro, an
+    # enumerator or a variable's initializer
+    body_start: int = -1
     body_end: int = -1
     has_error: bool = False
 
@@ -78,16 +98,22 @@ class Symbol:
 
     @property
     def params(self) -> list[str]:
-        """Parameter types, names and defaults dropped: `["ggml_context *", "int32_t"]`."""
-        return list(param_types(self.param_list)) if self.param_list else []
+        """Parameter types, names and defaults dropped: `["ggml_context *", "int32_t"]`;
+        a function-like macro's parameter names: `["x", "..."]`."""
+        if not self.param_list:
+            return []
+        if self.kind == MACRO:
+            return [p.strip() for p in self.param_list[1:-1].split(",") if p.strip()]
+        return list(param_types(self.param_list))
 
     @property
     def returns(self) -> str:
-        """The return type of a function, the type of a field, in `squash` spelling."""
+        """The return type of a function, the type of a field or variable, the underlying
+        type of an enum, in `squash` spelling."""
         return squash(self.type_text)
 
     def signature(self) -> str:
-        if self.kind in {FUNCTION, DECLARATION}:
+        if self.kind in {FUNCTION, DECLARATION} or (self.kind == MACRO and self.param_list):
             return f"{self.qualname}({', '.join(self.params)})"
         return self.qualname
 
@@ -122,12 +148,6 @@ def _language() -> Language:
     return Language(tree_sitter_cpp.language())
 
 
-@cache
-def _parser() -> Parser:
-    return Parser(_language())
-
-
-
 def _text(src: bytes, node: Node | None) -> str:
     return "" if node is None else _text_between(src, node.start_byte, node.end_byte)
 
@@ -137,13 +157,42 @@ def _text_between(src: bytes, start: int, end: int) -> str:
 
 
 def squash(text: str) -> str:
-    """One spelling of a type or name: single spaces, `T *`, `T &`, `T **`, `a<b>`."""
+    """One spelling of a type or name: single spaces, `T *`, `T &`, `T **`, `a<b>`, `a, b`."""
     if "*" in text or "&" in text:
         text = text.replace("*", " * ").replace("&", " & ")
         text = " ".join(text.split()).replace("* *", "**").replace("& &", "&&")
     else:
         text = " ".join(text.split())
-    return text.replace("< ", "<").replace(" >", ">")
+    return text.replace("< ", "<").replace(" >", ">").replace(" ,", ",")
+
+
+class ParseCache:
+    """The tree-sitter parser and syntax trees of one index, released with it.
+
+    Keeps the whole-file parses of the `keep` files parsed last: a cold index parses every
+    file once and its resolution reuses them; without one, `syntax` parses a range only.
+    """
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._parser = Parser(_language())
+        self._trees: dict[str, Tree] = {}
+
+    def parse(self, src: bytes, sha: str) -> Tree:
+        """The parse of a whole file's bytes `src` (their sha256 is `sha`), kept."""
+        tree = self._trees.pop(sha, None) or self._parser.parse(src)
+        self._trees[sha] = tree
+        while len(self._trees) > self.keep:
+            self._trees.pop(next(iter(self._trees)))
+        return tree
+
+    def syntax(self, src: bytes, sha: str, start: int, end: int) -> Node:
+        """A syntax tree covering `src[start:end]` in the file's own coordinates: the kept
+        parse of the file, or else a parse of that range only."""
+        tree = self._trees.get(sha)
+        if tree is None:
+            tree = _ranged_parser(src, start, end).parse(src)
+        return tree.root_node
 
 
 class _Extractor:
@@ -156,7 +205,8 @@ class _Extractor:
         for child in node.named_children:
             self.visit(child, scope)
 
-    def visit(self, node: Node, scope: str, *, in_class: bool = False) -> None:
+    def visit(self, node: Node, scope: str, *, in_class: bool = False,
+              span: Node | None = None) -> None:
         kind = node.type
         if kind == "namespace_definition":
             name = _text(self.src, node.child_by_field_name("name"))
@@ -166,65 +216,139 @@ class _Extractor:
         elif kind in _CONTAINERS:
             for child in node.named_children:
                 self.visit(child, scope, in_class=in_class)
-        elif kind == "template_declaration":
+        elif kind == "template_declaration":  # the symbol spans its `template <...>` line
             for child in node.named_children:
                 if child.type != "template_parameter_list":
-                    self.visit(child, scope, in_class=in_class)
+                    self.visit(child, scope, in_class=in_class, span=node)
         elif kind in _CLASS_NODES:
-            self.add_class(node, scope)
+            self.add_class(node, scope, span or node)
+        elif kind == "enum_specifier":
+            self.add_enum(node, scope, span or node)
         elif kind == "function_definition":
-            self.add_function(node, scope, in_class=in_class)
+            self.add_function(node, scope, in_class=in_class, span=span or node)
         elif kind in {"declaration", "field_declaration"}:
-            self.add_declaration(node, scope, in_class=in_class)
+            self.add_declaration(node, scope, in_class=in_class, span=span or node)
+        elif kind == "type_definition":
+            self.add_typedef(node, scope, span or node)
+        elif kind in {"preproc_def", "preproc_function_def"}:
+            self.add_macro(node)
 
-    def add_class(self, node: Node, scope: str) -> None:
+    def add_class(self, node: Node, scope: str, span: Node, name: str = "") -> None:
         body = node.child_by_field_name("body")
-        name = _text(self.src, node.child_by_field_name("name"))
+        name = _text(self.src, node.child_by_field_name("name")) or name
         if body is None or not name:
             return
         qual = f"{scope}::{name}" if scope else name
-        self.symbols.append(self.symbol(CLASS, name, qual, node, scope, body=body))
-        for child in body.named_children:
-            self.visit(child, qual, in_class=True)
+        self.symbols.append(self.symbol(CLASS, name, qual, span, scope, body=body))
+        self.walk_members(node, qual)
 
-    def add_function(self, node: Node, scope: str, *, in_class: bool) -> None:
+    def walk_members(self, node: Node, scope: str) -> None:
+        body = node.child_by_field_name("body")
+        for child in body.named_children if body is not None else ():
+            self.visit(child, scope, in_class=True)
+
+    def add_enum(self, node: Node, scope: str, span: Node, name: str = "") -> None:
+        """An enum and its enumerators; an anonymous enum's are its scope's own members."""
+        body = node.child_by_field_name("body")
+        name = _text(self.src, node.child_by_field_name("name")) or name
+        if body is None:
+            return
+        qual = scope
+        if name:
+            qual = f"{scope}::{name}" if scope else name
+            sym = self.symbol(ENUM, name, qual, span, scope, body=body)
+            sym.type_text = _text(self.src, node.child_by_field_name("base"))
+            self.symbols.append(sym)
+        # the names of a plain enum live in its enclosing scope, an `enum class`'s in its own
+        scoped = any(c.type in {"class", "struct"} for c in node.children)
+        outer = qual if scoped else scope
+        for item in body.named_children:
+            if item.type == "enumerator":
+                item_name = _text(self.src, item.child_by_field_name("name"))
+                self.symbols.append(self.symbol(
+                    ENUMERATOR, item_name, f"{outer}::{item_name}" if outer else item_name,
+                    item, qual, body=item.child_by_field_name("value")))
+
+    def add_typedef(self, node: Node, scope: str, span: Node) -> None:
+        """`typedef struct {...} name;` and `typedef enum {...} name;` name their body."""
+        type_node = node.child_by_field_name("type")
+        if type_node is None or type_node.child_by_field_name("body") is None:
+            return
+        alias = _text(self.src, node.child_by_field_name("declarator"))
+        if type_node.type == "enum_specifier":
+            self.add_enum(type_node, scope, span, alias)
+        elif type_node.type in _CLASS_NODES:
+            self.add_class(type_node, scope, span, alias)
+
+    def add_function(self, node: Node, scope: str, *, in_class: bool, span: Node) -> None:
         decl = node.child_by_field_name("declarator")
         fdecl, ptr = _function_declarator(decl)
         if fdecl is None:
             return
-        raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
+        raw, misread = self.function_name(fdecl)
         qual = f"{scope}::{raw}" if scope and (in_class or "::" not in raw) else raw
-        sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, node, qual.rpartition("::")[0],
-                          body=node.child_by_field_name("body"))
-        self.fill_signature(sym, node, fdecl, ptr)
+        sym = self.symbol(FUNCTION, raw.rsplit("::", 1)[-1], qual, span,
+                          qual.rpartition("::")[0], body=node.child_by_field_name("body"))
+        self.fill_signature(sym, node, fdecl, ptr, decl.start_byte if decl else fdecl.start_byte,
+                            misread)
         self.symbols.append(sym)
 
-    def add_declaration(self, node: Node, scope: str, *, in_class: bool) -> None:
-        decl = node.child_by_field_name("declarator")
-        fdecl, ptr = _function_declarator(decl)
-        if fdecl is not None:
-            raw = squash(_text(self.src, fdecl.child_by_field_name("declarator")))
-            qual = f"{scope}::{raw}" if scope else raw
-            sym = self.symbol(DECLARATION, raw.rsplit("::", 1)[-1], qual, node,
-                              qual.rpartition("::")[0])
-            self.fill_signature(sym, node, fdecl, ptr)
-            self.symbols.append(sym)
-            return
-        if not in_class:
-            return
+    def add_declaration(self, node: Node, scope: str, *, in_class: bool, span: Node) -> None:
         type_node = node.child_by_field_name("type")
-        type_text = _text(self.src, type_node)
-        is_static = _has_static(self.src, node, type_node)
-        for declarator in node.children_by_field_name("declarator"):
-            name_node = _innermost_name(declarator)
+        declarators = node.children_by_field_name("declarator")
+        if type_node is not None and type_node.type in _TYPE_NODES and (
+                type_node.child_by_field_name("body") is not None):
+            if type_node.type == "enum_specifier":
+                self.add_enum(type_node, scope, type_node)
+            elif type_node.child_by_field_name("name") is not None:
+                self.add_class(type_node, scope, type_node)
+            elif in_class and not declarators:  # an anonymous union's members are its class's
+                self.walk_members(type_node, scope)
+        type_text, is_static = "", False
+        for declarator in declarators:
+            fdecl, ptr = _function_declarator(declarator)
+            if fdecl is not None:
+                raw, misread = self.function_name(fdecl)
+                qual = f"{scope}::{raw}" if scope else raw
+                sym = self.symbol(DECLARATION, raw.rsplit("::", 1)[-1], qual, span,
+                                  qual.rpartition("::")[0])
+                self.fill_signature(sym, node, fdecl, ptr, declarator.start_byte, misread)
+                self.symbols.append(sym)
+                continue
+            value = None
+            if declarator.type == "init_declarator":
+                value = declarator.child_by_field_name("value")
+                declarator = declarator.child_by_field_name("declarator") or declarator
+            name_node = _innermost_name(declarator, qualified=not in_class)
             if name_node is None:
                 continue
             name = _text(self.src, name_node)
-            sym = self.symbol(FIELD, name, f"{scope}::{name}", node, scope)
-            stars = _text_between(self.src, declarator.start_byte, name_node.start_byte)
-            sym.type_text = f"{type_text} {stars}" if stars else type_text
+            if not type_text:
+                type_text = _type_prefix(self.src, node, type_node, declarators[0].start_byte)
+                is_static = _has_static(self.src, node, type_node)
+            if in_class:
+                sym = self.symbol(FIELD, name, f"{scope}::{name}", span, scope)
+            else:
+                name = squash(name)  # `klass :: member` defines a static member
+                qual = f"{scope}::{name}" if scope and "::" not in name else name
+                sym = self.symbol(VARIABLE, name.rsplit("::", 1)[-1], qual, span,
+                                  qual.rpartition("::")[0], body=value)
+            sym.type_text = type_text
+            if declarator is not name_node:  # the declarator but its name: `*`, `[4]`, `(*)()`
+                sym.type_text += " " + _text_between(
+                    self.src, declarator.start_byte, name_node.start_byte) + _text_between(
+                    self.src, name_node.end_byte, declarator.end_byte)
             sym.is_static = is_static
             self.symbols.append(sym)
+
+    def add_macro(self, node: Node) -> None:
+        name = _text(self.src, node.child_by_field_name("name"))
+        sym = self.symbol(MACRO, name, name, node, "", body=node.child_by_field_name("value"))
+        sym.param_list = _text(self.src, node.child_by_field_name("parameters"))
+        if node.end_point[1] == 0:  # its newline ends a #define, but is not part of it
+            sym.end_byte -= 1
+            sym.end_line -= 1
+        self.symbols.append(sym)
 
     def symbol(self, kind: str, name: str, qual: str, node: Node, scope: str,
                body: Node | None = None) -> Symbol:
@@ -237,21 +361,67 @@ class _Extractor:
             has_error=node.has_error,
         )
 
-    def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str) -> None:
+    def function_name(self, fdecl: Node) -> tuple[str, Node | None]:
+        """A function's name as written (`klass::name`); and its return type's node when an
+        export macro made tree-sitter read `GGML_API T name(...)` as a name `T name`
+        qualified by `T` (there is no `::` in it)."""
+        inner = fdecl.child_by_field_name("declarator")
+        if inner is not None and inner.type == "qualified_identifier" and (
+                self.src.find(b"::", inner.start_byte, inner.end_byte) < 0):
+            return (_text(self.src, inner.child_by_field_name("name")),
+                    inner.child_by_field_name("scope"))
+        return squash(_text(self.src, inner)), None
+
+    def fill_signature(self, sym: Symbol, node: Node, fdecl: Node, ptr: str, upto: int,
+                       misread: Node | None = None) -> None:
+        """Parameters, return type and storage of a function whose declarator is at `upto`
+        (`misread`: the return type that tree-sitter took for a qualifier)."""
         sym.param_list = _text(self.src, fdecl.child_by_field_name("parameters"))
-        type_node = node.child_by_field_name("type")
-        if type_node is not None:
-            sym.type_text = f"{_text(self.src, type_node)} {ptr}" if ptr else _text(self.src,
-                                                                                   type_node)
+        type_text = (_text(self.src, misread) if misread is not None
+                     else _type_prefix(self.src, node, node.child_by_field_name("type"), upto))
+        sym.type_text = f"{type_text} {ptr}" if ptr and type_text else type_text
         sym.is_static = _has_static(self.src, node, fdecl)
+
+
+def _type_prefix(src: bytes, node: Node, type_node: Node | None, upto: int) -> str:
+    """The type a declaration gives its declarators (which start at byte `upto`), with its
+    qualifiers (`const char`), without storage classes and attributes. An export macro
+    before the type (`LLAMA_API int32_t f();`) parses as the type followed by an error that
+    holds the real one."""
+    start = node.start_byte
+    if src.find(b"const", start, upto) < 0 and src.find(b"volatile", start, upto) < 0 and (
+            not node.has_error):
+        return _text(src, type_node)  # the usual case, and the cheap one
+    parts: list[str] = []
+    type_at = -1
+    for child in node.children:
+        if child.start_byte >= upto:
+            break
+        if child.type == "type_qualifier":
+            parts.append(_text(src, child))
+        elif child == type_node:
+            type_at = len(parts)
+            parts.append(_text(src, child))
+        elif child.type == "ERROR" and type_at >= 0:
+            del parts[type_at]
+            type_at = -1
+            parts.append(_text(src, child))
+    return " ".join(parts)
+
+
+@cache
+def _param_parser() -> Parser:
+    return Parser(_language())
 
 
 @lru_cache(maxsize=4096)
 def param_types(param_list: str) -> tuple[str, ...]:
-    """The parameter types of a parameter list `(...)` as written, by a tree-sitter parse."""
+    """The parameter types of a parameter list `(...)` as written, by a tree-sitter parse.
+
+    A pure function of the text, so memoised for the process rather than per index."""
     src = f"void f{param_list};".encode()
     fdecl, _ = _function_declarator(
-        _parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
+        _param_parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
     params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
     if params is None:
         return ()
@@ -273,7 +443,10 @@ def param_types(param_list: str) -> tuple[str, ...]:
 
 
 def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
-    """The function_declarator inside pointer/reference wrappers, and the wrappers' stars."""
+    """The function_declarator inside pointer/reference wrappers, and the wrappers' stars.
+
+    A function pointer (`(*cb)(int)`) declares data, not a function: None; a function that
+    returns one (`(*get(int))(void)`) is the function inside."""
     stars = ""
     while decl is not None and decl.type in _DECLARATOR_WRAPPERS:
         if decl.type == "pointer_declarator":
@@ -283,14 +456,20 @@ def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
         decl = decl.child_by_field_name("declarator") or (
             decl.named_children[-1] if decl.named_children else None
         )
-    if decl is not None and decl.type == "function_declarator":
-        return decl, stars
-    return None, stars
+    if decl is None or decl.type != "function_declarator":
+        return None, stars
+    inner = decl.child_by_field_name("declarator")
+    if inner is not None and inner.type == "parenthesized_declarator":
+        nested, more = _function_declarator(inner)
+        return nested, stars + more
+    return decl, stars
 
 
-def _innermost_name(decl: Node | None) -> Node | None:
+def _innermost_name(decl: Node | None, *, qualified: bool = False) -> Node | None:
+    """The name a declarator declares; with `qualified`, a `klass::member` name whole."""
     while decl is not None:
-        if decl.type in {"identifier", "field_identifier"}:
+        if decl.type in {"identifier", "field_identifier"} or (
+                qualified and decl.type == "qualified_identifier"):
             return decl
         nxt = decl.child_by_field_name("declarator")
         if nxt is None:
@@ -321,9 +500,6 @@ def _error_lines(root: Node, limit: int = 20) -> list[int]:
     return sorted(lines)
 
 
-_recent_trees: dict[str, Tree] = {}
-
-
 def _ranged_parser(src: bytes, start: int, end: int) -> Parser:
     """A parser confined to `src[start:end]`; the nodes it yields keep file coordinates."""
     def point(offset: int) -> Point:
@@ -332,20 +508,12 @@ def _ranged_parser(src: bytes, start: int, end: int) -> Parser:
     return Parser(_language(), included_ranges=[Range(point(start), point(end), start, end)])
 
 
-def parse_tree(src: bytes, sha: str = "") -> Tree:
-    """The tree-sitter parse of `src`, reusing the parse of a file indexed in this process."""
+def parse_source(src: bytes, rel: str, sha: str = "",
+                 parses: ParseCache | None = None) -> FileIndex:
+    """Index one file's bytes (no cache); `sha` is their sha256 when the caller has it, and
+    `parses` keeps the syntax tree for the index that asks."""
     sha = sha or hashlib.sha256(src).hexdigest()
-    tree = _recent_trees.pop(sha, None) or _parser().parse(src)
-    _recent_trees[sha] = tree
-    while len(_recent_trees) > 32:
-        _recent_trees.pop(next(iter(_recent_trees)))
-    return tree
-
-
-def parse_source(src: bytes, rel: str, sha: str = "") -> FileIndex:
-    """Index one file's bytes (no cache); `sha` is their sha256 when the caller has it."""
-    sha = sha or hashlib.sha256(src).hexdigest()
-    tree = parse_tree(src, sha)
+    tree = (parses or ParseCache(keep=0)).parse(src, sha)
     extractor = _Extractor(src, rel)
     extractor.walk(tree.root_node, "")
     errors = _error_lines(tree.root_node) if tree.root_node.has_error else []
@@ -361,7 +529,7 @@ _ROW = attrgetter(*(f.name for f in fields(Symbol) if f.name != "file"))
 _FILE_AT = [f.name for f in fields(Symbol)].index("file")
 
 
-def index_file(rel: str, src: bytes) -> FileIndex:
+def index_file(rel: str, src: bytes, parses: ParseCache | None = None) -> FileIndex:
     """Index one file's bytes `src`, reusing the on-disk entry for identical content."""
     sha = hashlib.sha256(src).hexdigest()
     entry = _cache_path(sha)
@@ -373,7 +541,7 @@ def index_file(rel: str, src: bytes) -> FileIndex:
             return FileIndex(rel, sha, symbols, data["errors"])
         except (EOFError, ValueError, TypeError, KeyError):
             pass  # a damaged entry (a full disk, a killed run): index the file again
-    result = parse_source(src, rel, sha)
+    result = parse_source(src, rel, sha, parses)
     rows = [_ROW(sym) for sym in result.symbols]
     tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
     tmp.write_bytes(marshal.dumps({"symbols": rows, "errors": result.errors}))
@@ -392,10 +560,12 @@ def source_files(root: Path, patterns: Iterable[str]) -> list[str]:
 
 
 class Index:
-    """The symbol table of a set of files under one source root."""
+    """The symbol table of a set of files under one source root, and their syntax trees."""
 
-    def __init__(self, root: Path, files: Iterable[FileIndex]) -> None:
+    def __init__(self, root: Path, files: Iterable[FileIndex],
+                 parses: ParseCache | None = None) -> None:
         self.root = root
+        self.parses = parses or ParseCache()
         self.files = {f.path: f for f in files}
         self.symbols = [s for f in self.files.values() for s in f.symbols]
         self.by_qualname: dict[str, list[Symbol]] = defaultdict(list)
@@ -408,9 +578,47 @@ class Index:
     @classmethod
     def build(cls, root: Path, patterns: Iterable[str]) -> Index:
         sources = {rel: (root / rel).read_bytes() for rel in source_files(root, patterns)}
-        index = cls(root, (index_file(rel, src) for rel, src in sources.items()))
+        parses = ParseCache()
+        index = cls(root, (index_file(rel, src, parses) for rel, src in sources.items()), parses)
         index._text.update(sources)  # each file is read once
         return index
+
+    @cached_property
+    def by_name(self) -> dict[str, list[Symbol]]:
+        """Symbols by their unqualified name (built on first use: only lookups need it)."""
+        names: dict[str, list[Symbol]] = defaultdict(list)
+        for sym in self.symbols:
+            names[sym.name].append(sym)
+        return names
+
+    def find(self, name: str, kinds: Collection[str] | None = None) -> list[Symbol]:
+        """Symbols called `name`, in index order. An unqualified name matches in any scope;
+        a qualified one matches that qualified name and any it ends (`kv::f` finds
+        `ns::kv::f`). `kinds` keeps those kinds only."""
+        found = self.by_name.get(name.rsplit("::", 1)[-1], [])
+        if "::" in name:
+            found = [s for s in found if s.qualname == name or s.qualname.endswith(f"::{name}")]
+        return [s for s in found if kinds is None or s.kind in kinds]
+
+    def enclosing(self, file: str, line: int) -> Symbol | None:
+        """The innermost definition whose lines hold `line` (1-based) of `file`.
+
+        A function or method (lambdas and `#if` blocks inside it included), a class, struct,
+        union or enum, or a file-scope declaration, variable or macro; a line on a field,
+        a method declaration or an enumerator answers with its class or enum (an anonymous
+        enum's enumerator at file scope with itself). None for a line between definitions.
+        """
+        if file not in self.files:
+            raise PortkitError(f"{file} is not in the index of {self.root}")
+        holding = sorted((s for s in self.files[file].symbols
+                          if s.start_line <= line <= s.end_line),
+                         key=lambda s: s.end_byte - s.start_byte)
+        for at, sym in enumerate(holding):
+            if sym.kind in _MEMBERS and any(o.kind in _CONTAINER_KINDS
+                                            for o in holding[at + 1:]):
+                continue
+            return sym
+        return None
 
     def source(self, rel: str) -> bytes:
         if rel not in self._text:
@@ -445,17 +653,15 @@ class Index:
                          _COMMENT.sub(" ", body)) is not None
 
     def members(self, cls_sym: Symbol) -> list[Symbol]:
+        """The members of a class (fields, methods, nested types) or an enum (enumerators)."""
         return [s for s in self.by_scope.get(cls_sym.qualname, ())
                 if s.file == cls_sym.file and cls_sym.start_byte <= s.start_byte < cls_sym.end_byte]
 
     def syntax(self, sym: Symbol) -> Node:
         """A syntax tree that covers `sym`, in the file's own byte and line coordinates.
 
-        The whole file's parse when this process made it (a cold run); otherwise tree-sitter
+        The whole file's parse when this index made it (a cold run); otherwise tree-sitter
         parses only the symbol's range of the file, so that a warm run never parses a file.
         """
-        src = self.source(sym.file)
-        tree = _recent_trees.get(self.files[sym.file].sha256)
-        if tree is None:
-            tree = _ranged_parser(src, sym.start_byte, sym.end_byte).parse(src)
-        return tree.root_node
+        return self.parses.syntax(self.source(sym.file), self.files[sym.file].sha256,
+                                  sym.start_byte, sym.end_byte)

@@ -47,6 +47,17 @@ class PatchSpec:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """How `portkit validate` proves a feature (paths relative to the feature's folder)."""
+
+    checks: str  # a module of portkit.checks
+    harness: str | None = None
+    reference: str | None = None  # a `tree fetch` spec of a tree with the feature upstream
+    published: str | None = None  # upstream's published figures (TOML)
+    broken_blank: tuple[str, ...] = ()  # fragments blanked for the deliberately broken port
+
+
+@dataclass(frozen=True)
 class Manifest:
     feature: str
     title: str
@@ -56,6 +67,7 @@ class Manifest:
     variables: dict[str, tuple[VarChoice, ...]]
     patches: tuple[PatchSpec, ...]
     folder: Path
+    validation: Validation | None = None
 
     def fragment(self, name: str) -> Path:
         return self.folder / "fragments" / name
@@ -97,4 +109,23 @@ def load_manifest(folder: Path) -> Manifest:
     return Manifest(
         feature.get("name", folder.name), feature.get("title", folder.name),
         feature.get("upstream", ""), feature.get("author", "portkit <portkit@localhost>"),
-        feature.get("date", "Thu, 1 Jan 1970 00:00:00 +0000"), variables, tuple(patches), folder)
+        feature.get("date", "Thu, 1 Jan 1970 00:00:00 +0000"), variables, tuple(patches), folder,
+        _validation(data.get("validation"), folder, path.name))
+
+
+def _validation(raw: Any, folder: Path, where: str) -> Validation | None:
+    if raw is None:
+        return None
+    known = {"checks", "harness", "reference", "published", "broken_blank"}
+    if not isinstance(raw, dict) or not isinstance(raw.get("checks"), str) or set(raw) - known:
+        raise PortkitError(f"{where}: [validation] needs `checks` and takes only "
+                           f"{', '.join(sorted(known))}")
+    validation = Validation(raw["checks"], raw.get("harness"), raw.get("reference"),
+                            raw.get("published"), tuple(raw.get("broken_blank", ())))
+    for name in filter(None, (validation.harness, validation.published)):
+        if not (folder / name).is_file():
+            raise PortkitError(f"{where}: [validation] names {name}, which is not in {folder}")
+    for name in validation.broken_blank:
+        if not (folder / "fragments" / name).is_file():
+            raise PortkitError(f"{where}: [validation] broken_blank names no fragment {name}")
+    return validation

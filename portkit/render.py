@@ -16,7 +16,7 @@ import jinja2
 
 from portkit.anchors import Resolution
 from portkit.errors import AnchorError, PortkitError
-from portkit.features import feature_dir, resolve_feature
+from portkit.features import Feature, Resolved, feature_dir, resolve_feature
 from portkit.index import Index, flat
 from portkit.manifest import Condition, EditSpec, Manifest, PatchSpec, load_manifest
 from portkit.series import MailPatch, file_name, unified_diff
@@ -240,6 +240,19 @@ def render(tree: Tree, feature: str, templates: Path | None = None) -> Rendered:
     manifest = load_manifest(feature_dir(feature, templates))
     index, resolutions = resolve_feature(tree, feature, templates)
     return _Renderer(tree, manifest, index, resolutions).render()
+
+
+def upstream_patches(feature: Feature, resolved: Resolved) -> dict[str, str]:
+    """The feature's patches that the resolved tree has upstream already (by their
+    manifest's `present_when`): subject -> what says so."""
+    renderer = _Renderer(resolved.tree, feature.manifest, resolved.index, resolved.anchors)
+    found = {}
+    for spec in feature.manifest.patches:
+        if spec.present_when and all(renderer.holds(c) for c in spec.present_when):
+            found[spec.subject] = "; ".join(
+                f"{c.anchor} " + (f"has {c.has}" if c.has else f"contains {c.contains!r}")
+                for c in spec.present_when)
+    return found
 
 
 def write_series(rendered: Rendered, out: Path, first_number: int = 1) -> list[Path]:

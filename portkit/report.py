@@ -3,20 +3,62 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import click
+
+PIPE_WIDTH = 120  # a table's width when stdout is not a terminal (a log, a pager, a file)
+GAP = "  "
+ELLIPSIS = "…"
 
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def emit_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    click.echo(line.rstrip())
-    click.echo("  ".join("-" * w for w in widths))
-    for row in rows:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+def table_width() -> int:
+    """The terminal's width when stdout is one ($COLUMNS first), else PIPE_WIDTH."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
+    return PIPE_WIDTH
+
+
+def fit_widths(natural: Sequence[int], least: Sequence[int], width: int) -> list[int]:
+    """Column widths that fit `width` with GAP between: the widest columns are cut first,
+    down to one common cap, none below its `least`. Columns already narrow keep theirs."""
+    room = width - len(GAP) * (len(natural) - 1)
+    if sum(natural) <= room:
+        return list(natural)
+    low, high = 0, max(natural)  # the largest cap that fits
+    while low < high:
+        cap = (low + high + 1) // 2
+        if sum(max(min(n, cap), m) for n, m in zip(natural, least, strict=True)) <= room:
+            low = cap
+        else:
+            high = cap - 1
+    return [max(min(n, low), m) for n, m in zip(natural, least, strict=True)]
+
+
+def _cell(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + ELLIPSIS
+
+
+def emit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+               width: int | None = None) -> None:
+    """Rows under headers, in columns that fit `width` (default: `table_width()`); cut
+    cells end with an ellipsis. The full text is for `--format json`."""
+    cells = [[str(c) for c in row] for row in [headers, *rows]]
+    natural = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    least = [min(n, max(len(h), 4)) for n, h in zip(natural, headers, strict=True)]
+    widths = fit_widths(natural, least, table_width() if width is None else width)
+
+    def line(row: Sequence[str]) -> str:
+        return GAP.join(_cell(c, w).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+    click.echo(line(cells[0]))
+    click.echo(GAP.join("-" * w for w in widths))
+    for row in cells[1:]:
+        click.echo(line(row))

@@ -1,14 +1,891 @@
-"""Patch series as git-am mail files: write them, read them, and name them like format-patch."""
+"""Patch series as data: read a folder of format-patch mails, quilt patches or plain diffs into
+typed objects, write it back byte for byte, and write new patches in a series' own style.
+
+Diffs are parsed by unidiff; this module only finds where the diff sits in a file (after the
+mail header, message and diffstat; before the signature) and names what it finds. Text is
+decoded as UTF-8 with surrogateescape, so any bytes survive a round trip.
+"""
 
 from __future__ import annotations
 
 import difflib
 import hashlib
 import re
-from dataclasses import dataclass
-from pathlib import Path
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.header import decode_header, make_header
+from email.utils import parseaddr
+from pathlib import Path, PurePosixPath
+from typing import Literal, TypeVar
 
-from unidiff.patch import PatchSet
+from unidiff.errors import UnidiffParseError
+from unidiff.patch import Hunk as UnidiffHunk
+from unidiff.patch import PatchedFile, PatchSet
+
+from portkit.errors import PortkitError
+
+ZERO_COMMIT = "0" * 40
+MBOX_DATE = "Mon Sep 17 00:00:00 2001"  # format-patch's fixed date on the mbox From line
+PATCH_SUFFIXES = (".patch", ".diff")
+SIGNATURE_LINE = "-- \n"
+STAT_WIDTH = 72  # format-patch's diffstat width (git's MAIL_DEFAULT_WRAP)
+HEADER_WIDTH = 78  # format-patch folds Subject and From at this width
+RFC2047_WIDTH = 76
+
+T = TypeVar("T")
+Kind = Literal["format-patch", "quilt", "plain"]
+FileStatus = Literal["modified", "created", "deleted", "renamed", "copied"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk of a patch, with the file's lines on each side exactly as in the file (a last
+    line without newline has none)."""
+
+    path: str  # the file in the tree (its new name for a rename)
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    section: str  # the heading after @@ (often the enclosing function)
+    old_lines: tuple[str, ...]  # context and removed lines
+    new_lines: tuple[str, ...]  # context and added lines
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    index: int  # within its file, from 0
+    patch_index: int  # within its patch, from 0
+    text: str  # the @@ line and the body, as in the patch
+
+    @property
+    def body(self) -> str:
+        return self.text.split("\n", 1)[1]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """What a patch does to one file."""
+
+    old_path: str | None  # None when the patch creates the file
+    new_path: str | None  # None when the patch deletes it
+    status: FileStatus
+    binary: bool
+    git: bool  # has a `diff --git` header (so renames and modes are meaningful)
+    extended: tuple[str, ...]  # git's extended header lines (modes, index, rename, similarity)
+    hunks: tuple[Hunk, ...]
+
+    @property
+    def path(self) -> str:
+        path = self.new_path or self.old_path
+        assert path is not None
+        return path
+
+    def header(self, key: str) -> str | None:
+        """The value of an extended header line (`new file mode`, `similarity index`, ...)."""
+        for line in self.extended:
+            if line.startswith(key + " "):
+                return line[len(key) + 1:].rstrip("\n")
+        return None
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One file of a series. `data` is the file byte for byte; `header + diff + trailer` is its
+    text (with CRLF line ends read as LF when the whole file uses them, as git am and GNU patch
+    do)."""
+
+    name: str  # relative to the series folder
+    data: bytes = field(repr=False)
+    header: str = field(repr=False)  # mail header, message and diffstat, or a plain preamble
+    diff: str = field(repr=False)
+    trailer: str = field(repr=False)  # the `-- ` signature block, or ""
+    commit: str | None  # from the mbox From line
+    author: str | None
+    date: str | None
+    subject: str  # without the [PATCH n/m] tag; "" when the file says nothing
+    body: str
+    stat: str | None  # the diffstat block, when there is one
+    number: int | None  # n and m of [PATCH n/m]
+    total: int | None
+    subject_prefix: str | None  # "PATCH", "RFC PATCH v2", ...
+    strip: int  # leading path components of the diff's names (quilt's -pN)
+    crlf: bool
+    files: tuple[FileDiff, ...]
+    patchset: PatchSet = field(repr=False, compare=False, hash=False)
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "surrogateescape")
+
+    @property
+    def is_mail(self) -> bool:
+        return self.author is not None or self.commit is not None
+
+    @property
+    def signature(self) -> str | None:
+        return self.trailer[len(SIGNATURE_LINE):].rstrip("\n") if self.trailer else None
+
+    @property
+    def hunks(self) -> tuple[Hunk, ...]:
+        return tuple(h for f in self.files for h in f.hunks)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every tree path the patch reads or writes."""
+        seen: dict[str, None] = {}
+        for f in self.files:
+            for p in (f.old_path, f.new_path):
+                if p is not None:
+                    seen[p] = None
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """How a series writes its patches, so that a new patch looks like its neighbours.
+    `style` "format-patch" is git's own output; "portkit" is MailPatch.render's."""
+
+    style: Literal["format-patch", "portkit"] = "format-patch"
+    numbered: bool = False  # [PATCH n/m] rather than [PATCH]
+    zero_commit: bool = True
+    signature: str | None = None  # the text after "-- ", or no signature
+    diffstat: bool = True
+    index_lines: bool = True  # `index abc..def` lines in the diffs
+    numbered_names: bool = True  # NNNN-slug.patch file names
+    next_number: int = 1
+    subject_prefix: str = "PATCH"
+
+
+# What MailPatch.render writes (the committed series under patches/ depend on it).
+PORTKIT = Conventions(style="portkit", numbered=True, zero_commit=False, signature="portkit",
+                      index_lines=False)
+# What ollama's Makefile.sync writes: format-patch --no-signature --no-numbered --zero-commit.
+OLLAMA = Conventions()
+
+
+@dataclass(frozen=True)
+class Series:
+    folder: Path
+    kind: Kind
+    patches: tuple[Patch, ...]
+    conventions: Conventions
+    series_file: bytes | None = field(default=None, repr=False)  # quilt's, byte for byte
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every tree path the series reads or writes, in first-seen order."""
+        return tuple(dict.fromkeys(p for patch in self.patches for p in patch.paths))
+
+    def write(self, folder: Path) -> list[Path]:
+        """Write every patch (and quilt's series file) into `folder`. An unchanged series is
+        written byte for byte as it was read."""
+        written = []
+        for patch in self.patches:
+            path = folder / patch.name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(patch.data)
+            written.append(path)
+        if self.kind == "quilt":
+            listed = self.series_file if self.series_file is not None else b""
+            if _quilt_names(listed) != [(p.name, p.strip) for p in self.patches]:
+                listed = "".join(p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
+                                 for p in self.patches).encode("utf-8", "surrogateescape")
+            (folder / "series").write_bytes(listed)
+            written.append(folder / "series")
+        return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_series(path: Path) -> Series:
+    """A series folder: a quilt folder (it has a `series` file, or `path` is one), or a folder
+    of .patch/.diff files in name order (format-patch mails or plain diffs)."""
+    if path.is_file() and path.name == "series":
+        path = path.parent
+    if not path.is_dir():
+        raise PortkitError(f"{path}: not a patch series folder")
+    listing = path / "series"
+    if listing.is_file():
+        try:
+            series_file = listing.read_bytes()
+        except OSError as exc:
+            raise PortkitError(f"{listing}: cannot read it ({exc.strerror})") from exc
+        entries = _quilt_entries(listing, series_file)
+        patches = tuple(_read_patch(path, name, strip) for name, strip in entries)
+        kind: Kind = "quilt"
+    else:
+        series_file = None
+        try:
+            files = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.suffix in PATCH_SUFFIXES)
+        except OSError as exc:
+            raise PortkitError(f"{path}: cannot list it ({exc.strerror})") from exc
+        patches = tuple(_read_patch(path, p.name, 1) for p in files)
+        kind = "format-patch" if any(p.is_mail for p in patches) else "plain"
+    if not patches:
+        raise PortkitError(f"{path}: no patches in it")
+    return Series(path, kind, patches, detect_conventions(patches), series_file)
+
+
+def _read_patch(folder: Path, name: str, strip: int) -> Patch:
+    path = folder / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PortkitError(f"{path}: cannot read it ({exc.strerror})") from exc
+    return parse_patch(name, data, strip=strip, where=str(path))
+
+
+def _quilt_names(data: bytes) -> list[tuple[str, int]]:
+    """(name, strip level) of each line of a quilt series file."""
+    entries = []
+    for line in data.decode("utf-8", "surrogateescape").split("\n"):
+        words = re.sub(r"(^|\s)#.*", "", line).split()
+        if words:
+            strip = 1
+            for option in words[1:]:
+                if not (m := re.fullmatch(r"-p(\d+)", option)):
+                    raise ValueError(option)
+                strip = int(m.group(1))
+            entries.append((words[0], strip))
+    return entries
+
+
+def _quilt_entries(listing: Path, data: bytes) -> list[tuple[str, int]]:
+    try:
+        entries = _quilt_names(data)
+    except ValueError as exc:
+        raise PortkitError(f"{listing}: unsupported option {exc.args[0]}") from exc
+    folder = listing.parent.resolve()
+    for name, _ in entries:
+        pure = PurePosixPath(name)
+        if pure.is_absolute() or ".." in pure.parts or not (folder / name).resolve(
+                ).is_relative_to(folder):
+            raise PortkitError(f"{listing}: {name} is outside the series folder")
+        if not (folder / name).is_file():
+            raise PortkitError(f"{listing}: {name} does not exist")
+    return entries
+
+
+def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = None) -> Patch:
+    """One patch file: a format-patch mail, or a plain diff with an optional preamble."""
+    where = where or name
+    text = data.decode("utf-8", "surrogateescape")
+    if not text.strip():
+        raise PortkitError(f"{where}: empty patch")
+    ends = text.count("\n")
+    crlf = ends > 0 and text.count("\r\n") == ends
+    if crlf:
+        text = text.replace("\r\n", "\n")
+    lines = _lines(text)
+    start = _diff_start(lines)
+    if start is None:
+        raise PortkitError(f"{where}: no diff in it (not a patch)")
+    diff_lines = lines[start:]
+    patchset, cut = _parse_diff(where, diff_lines)
+    if not patchset:
+        raise PortkitError(f"{where}: no diff in it (not a patch)")
+    head = _read_head(lines[:start])
+    files = tuple(_file_diff(where, f, strip, diff_lines[:cut], offset)
+                  for f, offset in zip(patchset, _hunk_offsets(patchset), strict=True))
+    return Patch(
+        name=name, data=data, header="".join(lines[:start]), diff="".join(diff_lines[:cut]),
+        trailer="".join(diff_lines[cut:]), commit=head.commit, author=head.author,
+        date=head.date, subject=head.subject, body=head.body, stat=head.stat,
+        number=head.number, total=head.total, subject_prefix=head.prefix, strip=strip,
+        crlf=crlf, files=files, patchset=patchset)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines with their ends, split at \\n only (a \\r is content, as for git)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _diff_start(lines: list[str]) -> int | None:
+    """The first line of the diff: a `diff --git` line, or a `--- ` line followed by `+++ `."""
+    for i, line in enumerate(lines):
+        if line.startswith("diff --git ") or (
+                line.startswith("--- ") and i + 1 < len(lines)
+                and lines[i + 1].startswith("+++ ")):
+            return i
+    return None
+
+
+def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
+    """The diff parsed by unidiff, and where its signature block (`-- ` to the end) starts. A
+    `-- ` line is the signature only when no hunk needs it and no diff follows it."""
+    sig = max((i for i, line in enumerate(lines) if line == SIGNATURE_LINE), default=None)
+    if sig is not None and not any(line.startswith(("diff --git ", "--- ", "+++ ", "@@ "))
+                                   for line in lines[sig:]):
+        try:
+            return PatchSet("".join(lines[:sig])), sig
+        except UnidiffParseError:
+            pass  # the `-- ` line is a removed "- " line of the last hunk
+    try:
+        return PatchSet("".join(lines)), len(lines)
+    except UnidiffParseError as exc:
+        detail = str(exc).strip().split("\n")[0]
+        raise PortkitError(f"{where}: malformed diff ({detail})") from exc
+
+
+def _hunk_offsets(patchset: PatchSet) -> list[int]:
+    """Index within the patch of each file's first hunk."""
+    offsets, n = [], 0
+    for f in patchset:
+        offsets.append(n)
+        n += len(f)
+    return offsets
+
+
+def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
+               first_index: int) -> FileDiff:
+    old = _tree_path(where, f.source_file, strip)
+    new = _tree_path(where, f.target_file, strip)
+    if old is None and new is None:
+        raise PortkitError(f"{where}: a diff from /dev/null to /dev/null")
+    info = list(f.patch_info or [])
+    git = bool(info) and info[0].startswith("diff --git ")
+    if not git and old and new and old != new:
+        # Without git's header a diff renames nothing: it patches one file, the one GNU patch
+        # prefers (fewest components, then shortest base name, then shortest name).
+        old = new = min((old, new), key=lambda p: (p.count("/"), len(p.rsplit("/", 1)[-1]),
+                                                   len(p)))
+    extended = tuple(line for line in info[1:] if git and _GIT_EXTENDED.match(line))
+    copied = any(line.startswith("copy from ") for line in extended)
+    status: FileStatus = ("created" if old is None else "deleted" if new is None
+                          else "modified" if old == new else "copied" if copied else "renamed")
+    path = new or old
+    assert path is not None
+    hunks = tuple(_hunk(path, h, i, first_index + i, lines) for i, h in enumerate(f))
+    return FileDiff(old, new, status, f.is_binary_file, git, extended, hunks)
+
+
+_GIT_EXTENDED = re.compile(
+    r"(old mode|new mode|deleted file mode|new file mode|copy from|copy to|rename from|"
+    r"rename to|similarity index|dissimilarity index|index) ")
+
+
+def _tree_path(where: str, name: str, strip: int) -> str | None:
+    """The path GNU patch's -p`strip` makes of a name: the shortest prefix holding `strip`
+    slashes (a run of slashes counting as one) removed."""
+    if name == "/dev/null":
+        return None
+    path = unquote_path(name)
+    for _ in range(strip):
+        m = re.match(r"[^/]*/+", path)
+        if not m:
+            raise PortkitError(f"{where}: cannot strip {strip} components from {name}")
+        path = path[m.end():]
+    if not path:
+        raise PortkitError(f"{where}: {name} names no file")
+    return path
+
+
+def _hunk(path: str, h: UnidiffHunk, index: int, patch_index: int, lines: list[str]) -> Hunk:
+    numbered = [line.diff_line_no for line in h if line.diff_line_no is not None]
+    first, last = min(numbered) - 2, max(numbered)  # the @@ line; one past the body
+    while last < len(lines) and lines[last].startswith("\\"):
+        last += 1  # "\ No newline at end of file"
+    old: list[str] = []
+    new: list[str] = []
+    added: list[str] = []
+    removed: list[str] = []
+    touched: tuple[list[str], ...] = ()
+    for line in h:
+        if line.line_type == "\\":
+            for group in touched:  # the line before the marker has no newline in the file
+                group[-1] = group[-1].removesuffix("\n")
+            continue
+        touched = {" ": (old, new), "-": (old, removed), "+": (new, added)}.get(line.line_type, ())
+        for group in touched:
+            group.append(line.value)
+    return Hunk(path, h.source_start, h.source_length, h.target_start, h.target_length,
+                h.section_header, tuple(old), tuple(new), tuple(added), tuple(removed),
+                index, patch_index, "".join(lines[first:last]))
+
+
+@dataclass
+class _Head:
+    commit: str | None = None
+    author: str | None = None
+    date: str | None = None
+    subject: str = ""
+    body: str = ""
+    stat: str | None = None
+    number: int | None = None
+    total: int | None = None
+    prefix: str | None = None
+
+
+def _read_head(lines: list[str]) -> _Head:
+    """What the text before the diff says: mbox From line, mail (or DEP-3) headers, message,
+    diffstat."""
+    head = _Head()
+    i = 0
+    if lines and (m := re.match(r"From ([0-9a-f]{40}) ", lines[0])):
+        head.commit, i = m.group(1), 1
+    headers, i = _headers(lines, i)
+    if headers:
+        author = headers.get("from") or headers.get("author")
+        if author:
+            name, addr = parseaddr(author)
+            head.author = f"{_quote_name(name)} <{addr}>" if name and addr else author
+        head.date = headers.get("date")
+        subject = headers.get("subject") or headers.get("description", "").split("\n")[0]
+        _read_subject(head, subject)
+    message = lines[i:]
+    sep = _stat_separator(message)
+    if sep is not None:
+        end = next((k for k in range(sep + 1, len(message)) if not message[k].strip()),
+                   len(message))
+        head.stat = "".join(message[sep + 1:end])
+        message = message[:sep]
+    head.body = "".join(message).strip("\n")
+    return head
+
+
+def _headers(lines: list[str], i: int) -> tuple[dict[str, str], int]:
+    """RFC 822 headers from line i (unfolded, RFC 2047 decoded, keys lower case) and the line
+    after them (and after the blank line that ends them). None unless From or Subject (or
+    DEP-3's Author or Description) is among them."""
+    raw: list[list[str]] = []
+    j = i
+    while j < len(lines):
+        line = lines[j]
+        if raw and line[:1] in (" ", "\t") and line.strip():
+            raw[-1].append(line)
+        elif re.match(r"[A-Za-z][A-Za-z0-9-]*:", line):
+            raw.append([line])
+        else:
+            break
+        j += 1
+    headers: dict[str, str] = {}
+    for parts in raw:
+        key, value = "".join(parts).split(":", 1)
+        headers.setdefault(key.lower(), _decode_header(value))
+    if not {"from", "subject", "author", "description"} & headers.keys():
+        return {}, i
+    if j < len(lines) and not lines[j].strip():
+        j += 1
+    return headers, j
+
+
+def _decode_header(value: str) -> str:
+    unfolded = re.sub(r"\n(?=[ \t])", "", value).strip()
+    if "=?" not in unfolded:
+        return unfolded
+    try:
+        return str(make_header(decode_header(unfolded)))
+    except (ValueError, LookupError, UnicodeError):
+        return unfolded
+
+
+def _read_subject(head: _Head, subject: str) -> None:
+    m = re.match(r"\[([^\]]*)\]\s*(.*)", subject, re.S)
+    if m and (re.search(r"\bPATCH\b", m.group(1), re.I)
+              or re.search(r"\d+/\d+\s*$", m.group(1))):
+        tag, subject = m.group(1), m.group(2)
+        if n := re.search(r"\s*(\d+)/(\d+)\s*$", tag):
+            head.number, head.total = int(n.group(1)), int(n.group(2))
+            tag = tag[:n.start()]
+        head.prefix = tag.strip()
+    head.subject = subject.strip()
+
+
+_STAT_LINE = re.compile(r" .* \| +(\d+|Bin)\b| \d+ files? changed| (create|delete) mode "
+                        r"| rename | copy | mode change | rewrite ")
+
+
+def _stat_separator(message: list[str]) -> int | None:
+    """The `---` line that starts format-patch's diffstat: the last one followed by stat lines
+    up to a blank line (a `---` in the message body is not)."""
+    for k in range(len(message) - 1, -1, -1):
+        if message[k] != "---\n":
+            continue
+        block = []
+        for line in message[k + 1:]:
+            if not line.strip():
+                break
+            block.append(line)
+        if block and all(_STAT_LINE.match(line) for line in block) and any(
+                re.match(r" \d+ files? changed", line) for line in block):
+            return k
+    return None
+
+
+def unquote_path(name: str) -> str:
+    """A path as git writes it: C-quoted ("a/t\\303\\251st") when it has unusual bytes."""
+    if not (len(name) >= 2 and name[0] == name[-1] == '"'):
+        return name
+    out = bytearray()
+    body = name[1:-1]
+    i = 0
+    escapes = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt in "0123" and re.match(r"[0-7]{3}", body[i + 1:i + 4]):
+                out.append(int(body[i + 1:i + 4], 8))
+                i += 4
+                continue
+            out.append(escapes.get(nxt, ord(nxt)))
+            i += 2
+            continue
+        out += c.encode("utf-8", "surrogateescape")
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def quote_path(name: str) -> str:
+    """The inverse of unquote_path: git's quoting (core.quotePath on)."""
+    data = name.encode("utf-8", "surrogateescape")
+    named = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
+    if not any(b < 0x20 or b >= 0x7f or b in (34, 92) for b in data):
+        return name
+    out = []
+    for b in data:
+        if b in named:
+            out.append("\\" + named[b])
+        elif b < 0x20 or b >= 0x7f:
+            out.append(f"\\{b:03o}")
+        else:
+            out.append(chr(b))
+    return '"' + "".join(out) + '"'
+
+
+# ---------------------------------------------------------------------------------------------
+# Conventions
+
+
+def detect_conventions(patches: Sequence[Patch]) -> Conventions:
+    """The conventions most of the series follows."""
+    mails = [p for p in patches if p.is_mail] or list(patches)
+    numbers = [int(m.group(1)) for p in patches if (m := re.match(r"(\d{4})-", p.name))]
+    signature = _most(p.signature for p in mails)
+    return Conventions(
+        style="portkit" if signature == "portkit" else "format-patch",
+        numbered=_most(p.total is not None for p in mails),
+        zero_commit=_most(p.commit == ZERO_COMMIT for p in mails),
+        signature=signature,
+        diffstat=_most(p.stat is not None for p in mails),
+        index_lines=_most(any(f.header("index") for f in p.files) for p in mails),
+        numbered_names=len(numbers) == len(patches),
+        next_number=max(numbers, default=len(patches)) + 1,
+        subject_prefix=_most(p.subject_prefix for p in mails) or "PATCH",
+    )
+
+
+def _most(values: Iterable[T]) -> T:
+    """The most common value; the latest among equals (a series drifts towards its newest
+    patches' style)."""
+    counts = Counter(reversed(list(values)))
+    return counts.most_common(1)[0][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing new patches
+
+
+def new_patch(conventions: Conventions, *, subject: str, body: str, author: str,
+              date: str | datetime, diff: str, number: int | None = None,
+              total: int | None = None, commit: str | None = None) -> Patch:
+    """A new patch written as the series writes its patches: the mail as `git format-patch`
+    with the series' options would write it for that commit (or as MailPatch.render does, for
+    portkit's own style), named NNNN-slug.patch. `diff` is the commit's diff as git shows it
+    (with `index` lines when the series has them: conventions.index_lines)."""
+    number = conventions.next_number if number is None else number
+    total = number if total is None else total
+    text = render_mail(conventions, subject=subject, body=body, author=author, date=date,
+                       diff=diff, number=number, total=total, commit=commit)
+    name = (file_name(number, subject) if conventions.style == "portkit"
+            else format_patch_name(number, subject))
+    return parse_patch(name, text.encode("utf-8", "surrogateescape"))
+
+
+def render_mail(conventions: Conventions, *, subject: str, body: str, author: str,
+                date: str | datetime, diff: str, number: int = 1, total: int = 1,
+                commit: str | None = None) -> str:
+    if isinstance(date, datetime):
+        date = git_date(date)
+    if conventions.style == "portkit":
+        return MailPatch(subject, body, diff, author, date).render(number, total)
+    if conventions.zero_commit:
+        commit = ZERO_COMMIT
+    elif commit is None:
+        commit = hashlib.sha1(f"{subject}\n{diff}".encode("utf-8", "surrogateescape")).hexdigest()
+    digits = len(str(total))  # format-patch pads n to the width of m: [PATCH 03/12]
+    tag = conventions.subject_prefix + (f" {number:0{digits}d}/{total}" if conventions.numbered
+                                        else "")
+    subject_line = f"Subject: [{tag}] " if tag else "Subject: "
+    body = body.strip("\n")
+    out = [f"From {commit} {MBOX_DATE}\n", _from_header(author), f"Date: {date}\n",
+           subject_line + _header_text(subject, len(subject_line), address=False) + "\n"]
+    if _non_ascii(subject) or _non_ascii(body):
+        out.append("MIME-Version: 1.0\nContent-Type: text/plain; charset=UTF-8\n"
+                   "Content-Transfer-Encoding: 8bit\n")
+    out.append("\n")
+    if body:
+        out.append(body + "\n")
+    out.append("---\n" + diffstat(diff) + "\n" if conventions.diffstat else "\n")
+    out.append(diff)
+    if conventions.signature is not None:
+        out.append(f"{SIGNATURE_LINE}{conventions.signature}\n\n")
+    return "".join(out)
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def git_date(when: datetime) -> str:
+    """A date as git writes it in a mail (RFC 2822, day not zero-padded, C locale names)."""
+    if when.tzinfo is None:
+        raise PortkitError("a patch date needs a time zone")
+    return (f"{_DAYS[when.weekday()]}, {when.day} {_MONTHS[when.month - 1]} {when.year} "
+            f"{when:%H:%M:%S %z}")
+
+
+def _non_ascii(text: str) -> bool:
+    return any(ord(c) >= 0x80 or c == "\x1b" for c in text)
+
+
+def _from_header(author: str) -> str:
+    """format-patch's From: name encoded or quoted as needed, the address on its own line when
+    the line would be too long."""
+    name, addr = split_author(author)
+    start = "From: "
+    if _needs_rfc2047(name):
+        text, width = _rfc2047(name, len(start), address=True), RFC2047_WIDTH
+    else:
+        text, width = _fold(_quote_name(name), len(start)), HEADER_WIDTH
+    last = len((start + text).rsplit("\n", 1)[-1])
+    brk = "\n" if width < last + len(" <") + len(addr) + len(">") else ""
+    return f"{start}{text}{brk} <{addr}>\n"
+
+
+def split_author(author: str) -> tuple[str, str]:
+    """Name and address of `Name <email>` (the name may be in RFC 822 quotes, and may hold a
+    comma: git's `%an <%ae>` does not quote it)."""
+    m = re.fullmatch(r"\s*(.*?)\s*<([^<>]+)>\s*", author)
+    if not m:
+        raise PortkitError(f"author {author!r} is not 'Name <email>'")
+    name = m.group(1)
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = re.sub(r"\\(.)", r"\1", name[1:-1])
+    return name, m.group(2)
+
+
+def _quote_name(name: str) -> str:
+    """A display name in double quotes when RFC 822 needs them (a comma, a dot, ...)."""
+    if re.search(r'[()<>\[\]:;@,."\\]', name):
+        return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return name
+
+
+def _header_text(text: str, column: int, *, address: bool) -> str:
+    if _needs_rfc2047(text):
+        return _rfc2047(text, column, address=address)
+    return _fold(text, column)
+
+
+def _needs_rfc2047(text: str) -> bool:
+    return _non_ascii(text) or "=?" in text
+
+
+def _rfc2047(text: str, column: int, *, address: bool) -> str:
+    """RFC 2047 Q-encoding as git writes it: whole characters per encoded word, `=XX` for
+    anything special, words folded so that no line passes 76 columns."""
+    out, width = ["=?UTF-8?q?"], column + len("=?UTF-8?q?")
+    for ch in text:
+        raw = ch.encode("utf-8", "surrogateescape")
+        special = len(raw) > 1 or _rfc2047_special(raw[0], address)
+        encoded = "".join(f"={b:02X}" for b in raw) if special else ch
+        if width + len(encoded) + 2 > RFC2047_WIDTH:
+            out.append("?=\n =?UTF-8?q?")
+            width = len("=?UTF-8?q?") + 1
+        out.append(encoded)
+        width += len(encoded)
+    return "".join(out) + "?="
+
+
+def _rfc2047_special(b: int, address: bool) -> bool:
+    c = chr(b)
+    if b >= 0x80 or not c.isprintable() or c.isspace() or c in "=?_":
+        return True
+    return address and not (c.isalnum() or c in "!*+-/")
+
+
+def _fold(text: str, column: int) -> str:
+    """format-patch's folding of a header: a word that would end past column 78 starts a new
+    line, indented by one space, in place of the space before it."""
+    out = []
+    for i, word in enumerate(text.split(" ")):
+        sep = " " if i else ""
+        if column + len(sep) + _width(word) <= HEADER_WIDTH:
+            out.append(sep + word)
+            column += len(sep) + _width(word)
+        else:
+            out.append("\n " + word)
+            column = 1 + _width(word)
+    return "".join(out)
+
+
+def _width(text: str) -> int:
+    """Display columns of a text (East Asian wide characters count two)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF"
+               else 1 for c in text)
+
+
+def format_patch_name(number: int, subject: str, *, max_length: int = 64,
+                      suffix: str = ".patch") -> str:
+    """The file name git format-patch gives a commit: NNNN-, the subject with every run of
+    characters other than ASCII letters, digits, `.` and `_` made one `-` (runs of dots made
+    one), cut to `max_length` (format.filenameMaxLength) with the suffix."""
+    slug: list[str] = []
+    gap = False
+    data = subject.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(data):
+        c = chr(data[i])
+        if c.isascii() and (c.isalnum() or c in "._"):
+            if gap and slug:
+                slug.append("-")
+            gap = False
+            slug.append(c)
+            while c == "." and i + 1 < len(data) and data[i + 1] == ord("."):
+                i += 1
+        else:
+            gap = True
+        i += 1
+    name = f"{number:04d}-" + "".join(slug).rstrip(".-")
+    return name[:max_length - len(suffix) - 1] + suffix
+
+
+def diffstat(diff: str) -> str:
+    """format-patch's diffstat and summary of a diff (72 columns), each line ending in \\n."""
+    try:
+        files = parse_patch("diff", diff.encode("utf-8", "surrogateescape")).files
+    except PortkitError as exc:
+        raise PortkitError(f"cannot write a diffstat: {exc.message}") from exc
+    rows = []
+    for f in files:
+        if f.binary:
+            raise PortkitError(f"{f.path}: cannot write a diffstat line for a binary patch")
+        rows.append((_stat_name(f), sum(len(h.added) for h in f.hunks),
+                     sum(len(h.removed) for h in f.hunks)))
+    max_len = max(_width(name) for name, _, _ in rows)
+    max_change = max(a + d for _, a, d in rows)
+    number_width = len(str(max_change))
+    width = max(STAT_WIDTH, 16 + 6 + number_width)
+    graph_width, name_width = max_change, max_len
+    if name_width + number_width + 6 + graph_width > width:
+        if graph_width > width * 3 // 8 - number_width - 6:
+            graph_width = max(width * 3 // 8 - number_width - 6, 6)
+        if name_width > width - number_width - 6 - graph_width:
+            name_width = width - number_width - 6 - graph_width
+        else:
+            graph_width = width - number_width - 6 - name_width
+
+    def scale(n: int) -> int:  # at least one mark for any change
+        return 0 if not n else 1 + n * (graph_width - 1) // max_change
+
+    out = []
+    for name, added, removed in rows:
+        prefix, room = "", name_width
+        if _width(name) > name_width:
+            prefix, room = "...", max(name_width - 3, 0)
+            while _width(name) > room:
+                name = name[1:]
+            if "/" in name:
+                name = name[name.index("/"):]
+        plus, minus = added, removed
+        if graph_width <= max_change:
+            total = scale(added + removed)
+            if total < 2 and added and removed:
+                total = 2
+            if added < removed:
+                plus = scale(added)
+                minus = total - plus
+            else:
+                minus = scale(removed)
+                plus = total - minus
+        changed = added + removed
+        out.append(f" {prefix}{name}{' ' * max(room - _width(name), 0)} | "
+                   f"{changed:>{number_width}}{' ' if changed else ''}{'+' * plus}{'-' * minus}\n")
+    inserted = sum(a for _, a, _ in rows)
+    deleted = sum(d for _, _, d in rows)
+    total_line = f" {len(rows)} file{'s' if len(rows) != 1 else ''} changed"
+    if inserted or not deleted:
+        total_line += f", {inserted} insertion{'s' if inserted != 1 else ''}(+)"
+    if deleted or not inserted:
+        total_line += f", {deleted} deletion{'s' if deleted != 1 else ''}(-)"
+    out.append(total_line + "\n")
+    for f in files:
+        out.extend(_summary(f))
+    return "".join(out)
+
+
+def _stat_name(f: FileDiff) -> str:
+    if f.status not in ("renamed", "copied"):
+        return quote_path(f.path)
+    assert f.old_path is not None and f.new_path is not None
+    return _rename_name(f.old_path, f.new_path)
+
+
+def _rename_name(old: str, new: str) -> str:
+    """git's short form of a rename: the common leading directories and trailing path outside
+    braces, `dir/{a => b}/file`."""
+    if quote_path(old) != old or quote_path(new) != new:
+        return f"{quote_path(old)} => {quote_path(new)}"
+    prefix = 0
+    for i, (a, b) in enumerate(zip(old, new, strict=False)):
+        if a != b:
+            break
+        if a == "/":
+            prefix = i + 1
+    suffix = 0
+    i, j = len(old) - 1, len(new) - 1
+    floor = prefix - 1 if prefix else 0  # the suffix may reuse the prefix's closing slash
+    while i >= floor and j >= floor and old[i] == new[j]:
+        if old[i] == "/":
+            suffix = len(old) - i
+        i -= 1
+        j -= 1
+    old_mid = old[prefix:max(len(old) - suffix, prefix)]
+    new_mid = new[prefix:max(len(new) - suffix, prefix)]
+    if prefix + suffix:
+        return f"{old[:prefix]}{{{old_mid} => {new_mid}}}{old[len(old) - suffix:]}"
+    return f"{old_mid} => {new_mid}"
+
+
+def _summary(f: FileDiff) -> list[str]:
+    name = quote_path(f.path)
+    if f.status == "created":
+        return [f" create mode {f.header('new file mode')} {name}\n"]
+    if f.status == "deleted":
+        return [f" delete mode {f.header('deleted file mode')} {name}\n"]
+    lines = []
+    if f.status in ("renamed", "copied"):
+        kind = "rename" if f.status == "renamed" else "copy"
+        lines.append(f" {kind} {_stat_name(f)} ({f.header('similarity index')})\n")
+    old_mode, new_mode = f.header("old mode"), f.header("new mode")
+    if old_mode and new_mode:
+        lines.append(f" mode change {old_mode} => {new_mode} {name}\n")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# portkit's own rendering (the committed series under patches/ depend on it byte for byte)
 
 
 @dataclass(frozen=True)
@@ -57,7 +934,8 @@ def unified_diff(path: str, before: bytes, after: bytes) -> str:
 
 
 def file_name(number: int, subject: str) -> str:
-    """format-patch's file name: NNNN-subject-with-dashes.patch."""
+    """portkit's file name for a patch: NNNN-subject-with-dashes.patch (format_patch_name is
+    git's exact rule)."""
     slug = re.sub(r"[^A-Za-z0-9._]+", "-", subject).strip("-.")[:52].rstrip("-.")
     return f"{number:04d}-{slug}.patch"
 

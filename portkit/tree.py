@@ -8,13 +8,17 @@ Layouts:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
+import os
 import re
 import shutil
-import sys
 import tarfile
-import tempfile
+import time
 import tomllib
+import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,9 +26,19 @@ from typing import Any
 
 import git
 
-from portkit.cache import cache_dir, sha256_file
+from portkit.cache import (
+    STARTED,
+    cache_dir,
+    cache_root,
+    exclusive,
+    note,
+    pip_download,
+    publish,
+    scratch,
+    sha256_file,
+    sweep,
+)
 from portkit.errors import PortkitError
-from portkit.proc import run
 
 PLAIN = "llama.cpp"
 OLLAMA = "ollama"
@@ -64,10 +78,22 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def _git_env() -> dict[str, str]:
+    """The environment of every git portkit runs: deaf to the user's and the system's git
+    configuration (an insteadOf, a hooks path, a credential helper) and never prompting."""
+    return {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_TERMINAL_PROMPT": "0"}
+
+
+def _repo(path: Path) -> git.Repo:
+    repo = git.Repo(path)
+    repo.git.update_environment(**_git_env())
+    return repo
+
+
 def _git_head(path: Path) -> str | None:
     try:
-        repo = git.Repo(path)
-        return repo.head.commit.hexsha
+        return _repo(path).head.commit.hexsha
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
         return None
 
@@ -112,6 +138,10 @@ def detect(path: Path) -> Tree:
 
 
 # -- fetching ---------------------------------------------------------------------------
+#
+# Everything a fetch makes is prepared in a scratch folder and renamed into place when it is
+# complete, one process at a time per destination (portkit.cache): an interrupted or
+# concurrent fetch never leaves a partial tree, sdist or mirror that a later one would take.
 
 
 def _known_sources() -> dict[str, Any]:
@@ -123,12 +153,16 @@ def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _publish(tmp: Path, dest: Path) -> Path:
-    """Move a fully prepared directory into place, replacing an older copy."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
-    return dest
+def _is_tree(path: Path) -> bool:
+    try:
+        detect(path)
+    except PortkitError:
+        return False
+    return True
+
+
+def _is_sdist_tree(path: Path) -> bool:
+    return (path / "vendor" / "llama.cpp" / "src").is_dir()
 
 
 def _fetch_pypi(requirement: str) -> Path:
@@ -137,11 +171,25 @@ def _fetch_pypi(requirement: str) -> Path:
         raise PortkitError("pypi spec must pin a version, e.g. pypi:llama-cpp-python==0.3.17: "
                            f"{requirement}")
     name, version = m.group(1), m.group(2)
-    dest = cache_dir("trees") / f"{name}-{version}"
-    if (dest / "vendor" / "llama.cpp" / "src").is_dir():
+    trees = cache_dir("trees")
+    dest = trees / f"{name}-{version}"
+    if _is_sdist_tree(dest):
         return dest
-    sdist = _download_sdist(name, version)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir("trees"), prefix=".unpack-"))
+    with exclusive(f"tree-{dest.name}", f"fetching {name}=={version}"):
+        if _is_sdist_tree(dest):  # another process made it while this one waited
+            return dest
+        if dest.exists():
+            note(f"the cached tree {dest} has no vendor/llama.cpp; unpacking it again")
+        sdist = _sdist(name, version)
+        with scratch(trees, ".unpack-") as tmp:
+            _unpack(sdist, tmp)
+            if not _is_sdist_tree(tmp):
+                raise PortkitError(f"{sdist.name} carries no vendor/llama.cpp tree")
+            return publish(tmp, dest)
+
+
+def _unpack(sdist: Path, into: Path) -> None:
+    """The sdist's vendor/llama.cpp and CHANGELOG.md (which names the vendored commit)."""
     with tarfile.open(sdist) as tar:
         members = [
             mem for mem in tar.getmembers()
@@ -149,35 +197,84 @@ def _fetch_pypi(requirement: str) -> Path:
         ]
         for mem in members:
             mem.name = mem.name.split("/", 1)[1]
-        tar.extractall(tmp, members=members, filter="data")
-    if not (tmp / "vendor" / "llama.cpp" / "src").is_dir():
-        shutil.rmtree(tmp)
-        raise PortkitError(f"{sdist.name} carries no vendor/llama.cpp tree")
-    return _publish(tmp, dest)
+        tar.extractall(into, members=members, filter="data")
 
 
-def _download_sdist(name: str, version: str) -> Path:
+def _sdist(name: str, version: str) -> Path:
+    """The sdist of NAME==VERSION in the cache, verified; downloaded on first use."""
     folder = cache_dir("sdists")
     stem = f"{name.replace('-', '_')}-{version}"
-    found = sorted(folder.glob(f"{stem}.tar.gz"))
-    if not found:
-        run([
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--no-build-isolation", "--quiet", f"{name}=={version}", "-d", folder,
-        ])
-        found = sorted(folder.glob(f"{stem}.tar.gz"))
+    cached = folder / f"{stem}.tar.gz"
+    record = folder / f"{stem}.tar.gz.sha256"
+    known = _known_sources().get("pypi", {}).get(name, {}).get(version, {}).get("sha256")
+    if cached.is_file():
+        _verify(cached, record, known)
+        return cached
+    with scratch(folder, ".download-") as tmp:
+        pip_download(["--no-binary", ":all:", "--no-build-isolation", f"{name}=={version}"],
+                     tmp, f"{name}=={version} (source distribution) from PyPI")
+        found = sorted(tmp.glob("*.tar.gz"))
         if not found:
             raise PortkitError(f"pip downloaded no source distribution for {name}=={version}")
-    sdist = found[0]
+        _verify(found[0], record, known)
+        return found[0].replace(cached)
+
+
+def _verify(sdist: Path, record: Path, known: str | None) -> None:
+    """Check an sdist against its sha256 in sources.toml, else against the one recorded when
+    it was first downloaded. A hash is recorded only from a download that proved a complete
+    archive carrying a llama.cpp tree. A file that fails is removed."""
     actual = sha256_file(sdist)
-    known = _known_sources().get("pypi", {}).get(name, {}).get(version, {}).get("sha256")
-    record = sdist.with_suffix(sdist.suffix + ".sha256")
-    expected = known or (record.read_text().strip() if record.is_file() else None)
-    if expected and actual != expected:
-        sdist.unlink()
-        raise PortkitError(f"checksum mismatch for {sdist.name}: got {actual}, expected {expected}")
-    record.write_text(actual + "\n")
-    return sdist
+    if known is not None:
+        if actual != known:
+            sdist.unlink()
+            raise PortkitError(f"checksum mismatch for {sdist.name}: got {actual}, expected "
+                               f"{known}; removed it (fetch again to download it anew)")
+    else:
+        recorded = _read_record(record)
+        if recorded is not None and actual != recorded:
+            sdist.unlink()
+            raise PortkitError(f"checksum mismatch for {sdist.name}: got {actual}, recorded "
+                               f"{recorded} at its first download; removed it (delete "
+                               f"{record} to accept a new download)")
+        if recorded is None and (problem := _incomplete(sdist)):
+            sdist.unlink()
+            raise PortkitError(f"the download of {sdist.name} is {problem}; removed it "
+                               f"(fetch again to download it anew)")
+    if _read_record(record, quiet=True) != actual:
+        partial = record.with_name(record.name + ".partial")
+        partial.write_text(actual + "\n")
+        partial.replace(record)
+
+
+def _read_record(record: Path, *, quiet: bool = False) -> str | None:
+    """The sha256 recorded in `record`; None when there is none or it is damaged."""
+    try:
+        text = record.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    if re.fullmatch(r"[0-9a-f]{64}", text):
+        return text
+    if not quiet:
+        note(f"ignoring the damaged checksum record {record}")
+    return None
+
+
+def _incomplete(sdist: Path) -> str | None:
+    """Why `sdist` is not a complete .tar.gz holding vendor/llama.cpp, or None when it is."""
+    try:
+        with gzip.open(sdist) as gz:
+            with tarfile.open(fileobj=gz, mode="r|") as tar:
+                names = [member.name for member in tar]
+            while gz.read(1 << 20):  # to the end: gzip checks its length and CRC there
+                pass
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        return f"truncated or corrupt ({exc})"
+    if not any("/vendor/llama.cpp/src/" in name for name in names):
+        return "an archive without vendor/llama.cpp"
+    return None
 
 
 def _fetch_git(spec: str) -> Path:
@@ -185,48 +282,116 @@ def _fetch_git(spec: str) -> Path:
     if not sep or not url or not rev:
         raise PortkitError(f"git spec must be git:URL@REV: git:{spec}")
     mirror = cache_dir("git") / f"{_key(url)}.git"
-    try:
-        if mirror.exists():
-            repo = git.Repo(mirror)
-            repo.git.fetch("--quiet", "origin", "+refs/*:refs/*", "--prune")
-        else:
-            repo = git.Repo.clone_from(url, mirror, bare=True, mirror=True)
-        sha = repo.rev_parse(rev).hexsha
-    except (git.GitCommandError, git.BadName, ValueError) as exc:
-        last = str(exc).strip().splitlines()[-1]
-        raise PortkitError(f"cannot fetch {rev} from {url}: {last}") from exc
-    dest = cache_dir("trees") / f"git-{_key(url)}-{sha[:12]}"
-    if dest.is_dir():
+    with exclusive(f"git-{mirror.name}", f"fetching {url}"):
+        sha = _mirror_rev(url, rev, mirror)
+    trees = cache_dir("trees")
+    dest = trees / f"git-{_key(url)}-{sha[:12]}"
+    if _is_tree(dest):
         return dest
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir("trees"), prefix=".clone-"))
-    clone = git.Repo.clone_from(str(mirror), tmp / "t", no_checkout=True)
-    clone.git.checkout("--quiet", sha)
-    tmp_tree = tmp / "t"
-    published = _publish(tmp_tree, dest)
-    shutil.rmtree(tmp)
-    return published
+    with exclusive(f"tree-{dest.name}", f"checking out {sha[:12]}"):
+        if _is_tree(dest):
+            return dest
+        with scratch(trees, ".clone-") as tmp:
+            try:
+                clone = git.Repo.clone_from(str(mirror), tmp, no_checkout=True, env=_git_env())
+                clone.git.checkout("--quiet", sha)
+            except git.GitCommandError as exc:
+                raise PortkitError(f"cannot check out {sha[:12]} from {url}: "
+                                   f"{_last_line(exc)}") from exc
+            return publish(tmp, dest)
+
+
+def _mirror_rev(url: str, rev: str, mirror: Path) -> str:
+    """Bring the bare mirror of `url` up to date (cloning it on first use) and resolve `rev`."""
+    try:
+        repo = None
+        if mirror.exists():
+            try:
+                repo = _repo(mirror)
+            except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+                note(f"the cached mirror {mirror} is damaged; cloning it again")
+                shutil.rmtree(mirror)
+        if repo is None:
+            with scratch(mirror.parent, ".clone-") as tmp:
+                git.Repo.clone_from(url, tmp, bare=True, mirror=True, env=_git_env())
+                publish(tmp, mirror)
+            repo = _repo(mirror)
+        else:
+            repo.git.fetch("--quiet", "origin", "+refs/*:refs/*", "--prune")
+        return repo.rev_parse(rev).hexsha
+    except (git.GitCommandError, git.BadName, git.BadObject, ValueError) as exc:
+        raise PortkitError(f"cannot fetch {rev} from {url}: {_last_line(exc)}") from exc
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _copy_ignoring(root: Path) -> Callable[[str, list[str]], set[str]]:
+    """What a copy of the tree at `root` leaves out: build folders, and portkit's own cache
+    when it lies inside the tree (else the copy would hold a copy of itself, and so on)."""
+    cache = cache_root().resolve()
+    inside = cache.is_relative_to(root)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = {name for name in names if name == "build"}
+        if inside and cache.name in names and Path(folder).resolve() == cache.parent:
+            skip.add(cache.name)
+        return skip
+
+    return ignore
 
 
 def _fetch_local(path: Path) -> Path:
     tree = detect(path)
-    dest = cache_dir("trees") / f"local-{_key(str(tree.root))}"
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir("trees"), prefix=".copy-"))
-    shutil.copytree(tree.root, tmp / "t", symlinks=True, ignore=shutil.ignore_patterns("build"))
-    published = _publish(tmp / "t", dest)
-    shutil.rmtree(tmp)
-    return published
+    trees = cache_dir("trees")
+    dest = trees / f"local-{_key(str(tree.root))}"
+    with exclusive(f"tree-{dest.name}", f"copying {tree.root}"), \
+            scratch(trees, ".copy-") as tmp:
+        shutil.copytree(tree.root, tmp, symlinks=True, dirs_exist_ok=True,
+                        ignore=_copy_ignoring(tree.root))
+        return publish(tmp, dest)
 
 
 def copy_tree(tree_path: Path, dest: Path) -> Path:
-    """A private, writable copy of a (cached) tree at `dest`, which must not exist yet."""
-    if dest.exists():
-        raise PortkitError(f"{dest} exists already")
-    shutil.copytree(tree_path, dest, symlinks=True)
+    """A private, writable copy of a (cached) tree at `dest`, which must not exist yet.
+
+    The copy is made in a hidden sibling of `dest` and renamed into place. Another portkit
+    process that copies the same tree to the same `dest` at the same time waits, then
+    takes that copy rather than failing on it."""
+    source, target = tree_path.resolve(), dest.resolve()
+    if target.is_relative_to(source):
+        raise PortkitError(f"cannot copy {tree_path} into itself ({dest})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(f"into-{_key(str(target))}", f"copying into {dest}") as lock:
+        if target.exists():
+            if _copied_since_start(lock, source, target):
+                return dest
+            raise PortkitError(f"{dest} exists already")
+        with scratch(target.parent, f".{target.name}.portkit-") as tmp:
+            shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
+            publish(tmp, target)
+        lock.write_text(json.dumps({"source": str(source), "inode": target.stat().st_ino,
+                                    "time": time.time()}))
     return dest
+
+
+def _copied_since_start(lock: Path, source: Path, target: Path) -> bool:
+    """Whether `target` is the copy of `source` that another portkit process made while this
+    one was running (its lock file says so), rather than a folder that was there before."""
+    try:
+        made = json.loads(lock.read_text())
+        return bool(made["source"] == str(source) and made["inode"] == target.stat().st_ino
+                    and made["time"] >= STARTED)
+    except (ValueError, KeyError, TypeError, OSError):
+        return False
 
 
 def fetch(spec: str) -> Path:
     """Put the tree named by SPEC in the cache and return its path."""
+    for part in ("trees", "sdists", "git"):
+        sweep(cache_dir(part))
     if spec.startswith("pypi:"):
         path = _fetch_pypi(spec.removeprefix("pypi:"))
     elif spec.startswith("git:"):

@@ -1,52 +1,43 @@
-"""Stage 6, validate: build the unpatched and the patched tree and prove the port in numbers.
+"""Stage 6, validate: build the tree unpatched and patched, and prove a feature in numbers.
 
-Checks (design/rotation.md, "What a correct port must show"):
+The tree is validated as it stands: when portkit applied the feature, "patched" is the tree
+as the user has it and "unpatched" is a copy with the recorded series reversed; a tree that
+does not carry the feature yet gets it rendered and applied in a copy. A third copy,
+"broken", carries the feature rendered from deliberately broken templates: the checks must
+catch it. Which checks run is the feature's own business (its manifest's [validation] names a
+module of portkit.checks, a harness, and the tree with the feature upstream that serves as the
+live reference); this module builds, runs and reports.
 
-  a  rotation off is a no-op: f16 cache, and q8_0 with LLAMA_ATTN_ROT_DISABLE=1, give logits
-     bit-identical to the unpatched build;
-  b  rotation on: KLD and top-1 against the f16 run equal upstream's own rotation;
-  c  the log says attn_rot_k / attn_rot_v as the cache configuration predicts;
-  d  context shift: a shifted rotated cache behaves like one filled fresh at the shifted
-     positions, as well as the unpatched tree's does; a port without the un-rotate/re-rotate
-     steps (a deliberately broken template) fails the same check;
-  e  saved state: the rotation is not recorded in a saved session; what loading it with the
-     other setting gives is measured and pinned down.
-
-Everything lives in a workspace in the cache keyed by the tree's content: copies of the tree
-(unpatched, patched, broken), their builds, and the logs of every run, reused while valid.
+Everything lives in a workspace in the cache keyed by the tree's content: copies of the tree,
+their builds, and the logs of every run, reused while valid.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
 import shutil
 import sys
-import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from portkit.apply import git_apply, read_record
-from portkit.build import build_tools
+from portkit.build import build_tools, harness_binary
 from portkit.cache import cache_dir
 from portkit.errors import PortkitError
-from portkit.features import feature_dir
-from portkit.models import FULL_MODEL, QUICK_MODEL, model_path
+from portkit.features import Feature
+from portkit.models import model_path
 from portkit.proc import run
 from portkit.render import render, write_series
 from portkit.tree import Tree, detect
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
-DEFAULT_REFERENCE = "pypi:llama-cpp-python==0.3.20"  # the first tree with upstream's rotation
 TOOLS = ["llama-perplexity", "llama-bench"]
-QUICK_CONFIGS = ("q8_0/q8_0", "q4_0/q4_0")
-FULL_CONFIGS = ("q8_0/q8_0", "q8_0/q4_0", "f16/q4_0", "q4_0/q4_0")
-KLD_TOLERANCE = 0.01  # relative, against upstream's figure
-SHIFT_FACTOR, SHIFT_SLACK = 1.5, 0.005  # patched shift KLD <= factor * unpatched + slack
 
 PASS, FAIL, DOCUMENTED, AS_UPSTREAM = "pass", "fail", "documented", "as upstream"
 _SKIP = {".git", ".portkit", "__pycache__"}
@@ -124,10 +115,6 @@ def _tree_key(root: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _reference() -> dict[str, Any]:
-    return tomllib.loads(resources.files("portkit.data").joinpath("reference.toml").read_text())
-
-
 def _progress(message: str) -> None:
     sys.stderr.write(f"portkit validate: {message}\n")
     sys.stderr.flush()
@@ -136,7 +123,7 @@ def _progress(message: str) -> None:
 class Workspace:
     """Copies of one tree (unpatched, patched, broken) and their builds, in the cache."""
 
-    def __init__(self, tree: Tree, feature: str) -> None:
+    def __init__(self, tree: Tree, feature: Feature) -> None:
         self.tree = tree
         self.feature = feature
         self.folder = cache_dir("validate", _tree_key(tree.llama_root))
@@ -146,65 +133,52 @@ class Workspace:
     def source(self, variant: str) -> Path:
         return self.folder / variant / "llama.cpp"
 
-    def _fresh_copy(self, variant: str, series_text: str) -> tuple[Path, bool]:
-        """The variant's copy of the unpatched tree; False when it is already prepared."""
+    def _copy(self, variant: str, origin: Path, stamp: str,
+              change: Callable[[Path], None]) -> None:
+        """The variant's copy of `origin`, changed by `change`, unless it is already there
+        with the same stamp (what it was made from)."""
         root = self.source(variant)
         marker = self.folder / variant / "prepared"
-        stamp = hashlib.sha256(series_text.encode()).hexdigest()
         if marker.is_file() and marker.read_text() == stamp and root.is_dir():
-            return root, False
+            return
+        marker.unlink(missing_ok=True)
         if root.exists():
             shutil.rmtree(root)
-        shutil.copytree(self.source("unpatched"), root, symlinks=True,
-                        ignore=_ignore(self.source("unpatched")))
-        marker.unlink(missing_ok=True)
-        return root, True
+        _progress(f"preparing the {variant} copy in {self.folder}")
+        shutil.copytree(origin, root, symlinks=True, ignore=_ignore(origin))
+        change(root)
+        marker.write_text(stamp)
 
     def prepare(self) -> None:
-        unpatched = self.source("unpatched")
-        if not (self.folder / "unpatched" / "prepared").is_file():
-            _progress(f"copying the tree into {self.folder}")
-            if unpatched.exists():
-                shutil.rmtree(unpatched)
-            shutil.copytree(self.tree.llama_root, unpatched, symlinks=True,
-                            ignore=_ignore(self.tree.llama_root))
-            record = read_record(self.tree, self.feature)
-            if record is not None:  # the tree carries the port: validate against it taken out
-                git_apply(unpatched, list(reversed(record.patches)), reverse=True)
-            (self.folder / "unpatched" / "prepared").write_text("")
-        self._patch("patched", None)
-        self._patch("broken", self._broken_templates())
+        record = read_record(self.tree, self.feature.name)
+        if record is not None:  # the user's tree carries the port: validate it as it stands
+            self._copy("unpatched", self.tree.llama_root, "reversed record", lambda root:
+                       git_apply(root, list(reversed(record.patches)), reverse=True))
+            self._copy("patched", self.tree.llama_root, "as the user has it", lambda _: None)
+        else:
+            self._copy("unpatched", self.tree.llama_root, "as it is", lambda _: None)
+            self._render_into("patched", self.feature)
+        self._render_into("broken", self.feature.broken(self.folder / "broken-templates"))
 
-    def _patch(self, variant: str, templates: Path | None) -> None:
-        rendered = render(detect(self.source("unpatched")), self.feature, templates)
+    def _render_into(self, variant: str, feature: Feature) -> None:
+        rendered = render(detect(self.source("unpatched")), feature.name, feature.folder.parent)
         if rendered.present_upstream or not rendered.patches:
-            raise PortkitError(f"{self.feature} is present upstream in this tree: there is no "
+            raise PortkitError(f"{feature.name} is present upstream in this tree: there is no "
                                f"port to validate (compare it with the tree it came from)")
         text = "".join(t for _, t in rendered.mails())
-        root, fresh = self._fresh_copy(variant, text)
-        if fresh:
-            series = self.folder / variant / "series"
-            shutil.rmtree(series, ignore_errors=True)
-            patches = write_series(rendered, series)
-            git_apply(root, patches)
-            (self.folder / variant / "prepared").write_text(
-                hashlib.sha256(text.encode()).hexdigest())
+        series = self.folder / variant / "series"
 
-    def _broken_templates(self) -> Path:
-        """The feature's templates with the fragments that keep the context shift right blanked:
-        the port a careless hand would write."""
-        blank = _reference().get("broken_port", {}).get(self.feature, {}).get("blank", [])
-        copy = self.folder / "broken-templates"
-        if copy.exists():
-            shutil.rmtree(copy)
-        shutil.copytree(feature_dir(self.feature), copy / self.feature)
-        for name in blank:
-            (copy / self.feature / "fragments" / name).write_text("")
-        return copy
+        def patch(root: Path) -> None:
+            shutil.rmtree(series, ignore_errors=True)
+            git_apply(root, write_series(rendered, series))
+
+        self._copy(variant, self.source("unpatched"),
+                   hashlib.sha256(text.encode()).hexdigest(), patch)
 
     def tools(self, variant: str) -> Path:
         _progress(f"building {variant} ({', '.join(TOOLS)}, harness)")
-        return build_tools(self.source(variant), self.folder / variant / "build", TOOLS, variant)
+        return build_tools(self.source(variant), self.folder / variant / "build", TOOLS, variant,
+                           self.feature.harness())
 
 
 # -- runs ----------------------------------------------------------------------------------
@@ -278,7 +252,10 @@ class Runner:
         ctk, ctv = config.split("/")
         name = f"{mode}-{variant}-{model}-{ctk}-{ctv}{'-disabled' if disable else ''}"
         log = self.ws.runs / f"{name}.log"
-        binary = self.bin(variant) / "portkit-rotation-checks"
+        source = self.ws.feature.harness()
+        if source is None:
+            raise PortkitError(f"feature {self.ws.feature.name} has no validation harness")
+        binary = self.bin(variant) / harness_binary(source)
         out = self.ws.runs / f"{name}.logits"
         if not _fresh(log, binary):
             _progress(f"harness {mode} {variant} {model} {config}"
@@ -302,124 +279,7 @@ class Runner:
         return hashlib.sha256(out.read_bytes()).hexdigest()
 
 
-# -- checks --------------------------------------------------------------------------------
-
-
-def check_noop(r: Runner, model: str) -> Check:
-    figures: dict[str, Any] = {}
-    same = True
-    for config, disable in (("f16/f16", False), ("q8_0/q8_0", True)):
-        a = r.logits_digest("unpatched", model, config, disable=disable)
-        b = r.logits_digest("patched", model, config, disable=disable)
-        label = config + (" LLAMA_ATTN_ROT_DISABLE=1" if disable else "")
-        figures[label] = "bit-identical" if a == b else "DIFFERENT"
-        same = same and a == b
-    shape = r.harness("patched", model, "logits", "f16/f16")
-    figures["logits compared"] = (f"{int(shape['logits.tokens'])} tokens x "
-                                  f"{int(shape['logits.vocab'])} (float32)")
-    return Check("a", f"rotation off is a no-op ({model})", PASS if same else FAIL, figures)
-
-
-def _expect(config: str, disable: bool, head_ok: bool = True) -> tuple[int, int]:
-    ctk, ctv = config.split("/")
-    on = not disable and head_ok
-    return int(on and ctk != "f16"), int(on and ctv != "f16")
-
-
-def check_quality(r: Runner, model: str, configs: tuple[str, ...],
-                  live: Runner | None) -> tuple[Check, Check]:
-    base = r.ws.runs / f"{model}-f16.kld"
-    r.perplexity("unpatched", model, "f16/f16", base=base, write_base=True)
-    table = _reference().get(model, {})
-    figures: dict[str, Any] = {}
-    flags: dict[str, Any] = {}
-    ok, flags_ok = True, True
-    if live is not None:
-        live_base = live.ws.runs / f"{model}-f16.kld"
-        live.perplexity("unpatched", model, "f16/f16", base=live_base, write_base=True)
-    for config in configs:
-        off = r.perplexity("unpatched", model, config, base=base)
-        dis = r.perplexity("patched", model, config, base=base, disable=True)
-        on = r.perplexity("patched", model, config, base=base)
-        ref_kld: float | None = None
-        ref_top1: float | None = None
-        source = "no reference"
-        published = table.get(config, {}).get("on")
-        if live is not None:
-            ref_on = live.perplexity("unpatched", model, config, base=live_base)
-            ref_kld, ref_top1, source = ref_on.kld, ref_on.top1, "upstream's build, same run"
-        elif published:
-            ref_kld, ref_top1 = published["kld"], published["top1"]
-            source = "upstream's published figure"
-        rel = abs(on.kld - ref_kld) / ref_kld if on.kld is not None and ref_kld else None
-        good = rel is not None and rel <= KLD_TOLERANCE and dis.kld == off.kld
-        ok = ok and good
-        figures[config] = (
-            f"off {off.kld} / {off.top1}%, disabled {dis.kld} / {dis.top1}%, on {on.kld} / "
-            f"{on.top1}%; upstream on {ref_kld} / {ref_top1}% ({source})"
-            + (f", KLD differs by {rel:.2%}" if rel is not None else "")
-            + (f"; published in fixtures.md: {published['kld']} / {published['top1']}%"
-               if published and live is not None else ""))
-        for label, res, disable in (("on", on, False), ("disabled", dis, True)):
-            want = _expect(config, disable)
-            got = (res.rot_k, res.rot_v)
-            flags[f"{config} {label}"] = f"attn_rot_k = {got[0]}, attn_rot_v = {got[1]}"
-            flags_ok = flags_ok and got == want
-    f16 = r.perplexity("patched", model, "f16/f16", base=base)
-    flags["f16/f16 on"] = f"attn_rot_k = {f16.rot_k}, attn_rot_v = {f16.rot_v}"
-    flags_ok = flags_ok and (f16.rot_k, f16.rot_v) == (0, 0)
-    return (Check("b", f"rotation on equals upstream's (KLD, top-1 vs f16; {model})",
-                  PASS if ok else FAIL, figures,
-                  f"tolerance {KLD_TOLERANCE:.0%} relative KLD; 'disabled' must equal 'off'"),
-            Check("c", f"log lines report the rotation as configured ({model})",
-                  PASS if flags_ok else FAIL, flags))
-
-
-def check_shift(r: Runner, model: str, configs: tuple[str, ...],
-                live: Runner | None) -> Check:
-    """Pass: the port's shift is as good as the unpatched tree's and the broken port is
-    caught. Where the port fails but upstream's own rotation fails identically, the verdict
-    is "as upstream": the port is faithful, and the weakness is upstream's."""
-    figures: dict[str, Any] = {}
-    verdict = PASS
-    for config in configs:
-        res = {v: r.harness(v, model, "shift", config) for v in ("unpatched", "patched", "broken")}
-        limit = SHIFT_FACTOR * res["unpatched"]["shift.kld"] + SHIFT_SLACK
-        good = res["patched"]["shift.kld"] <= limit
-        caught = res["broken"]["shift.kld"] > limit
-        upstream = live.harness("unpatched", model, "shift", config) if live else None
-        same = upstream is not None and upstream["shift.kld"] == res["patched"]["shift.kld"]
-        text = ", ".join(f"{v} KLD {res[v]['shift.kld']:.6f} top-1 {res[v]['shift.top1']:.1f}%"
-                         for v in res)
-        if upstream is not None:
-            text += f", upstream KLD {upstream['shift.kld']:.6f}"
-        text += (f"; limit {limit:.6f}: patched {'passes' if good else 'FAILS'}"
-                 + ("" if good or not same else " exactly as upstream's own rotation does")
-                 + f", broken port {'fails as it must' if caught else 'PASSES (check too weak)'}")
-        figures[config] = text
-        if not caught or (not good and not same):
-            verdict = FAIL
-        elif not good and verdict == PASS:
-            verdict = AS_UPSTREAM
-    return Check("d", f"context shift of a rotated quantized K cache ({model})", verdict,
-                 figures, "shifted cache vs the same tokens computed fresh at the shifted "
-                 "positions")
-
-
-def check_state(r: Runner, model: str) -> Check:
-    res = r.harness("patched", model, "state", "q8_0/q8_0")
-    same = res["state_on_on.kld"] == 0.0
-    garbage = res["state_off_on.kld"] > 1.0 and res["state_on_off.kld"] > 1.0
-    figures = {case: f"KLD {res[f'{case}.kld']:.6f}, top-1 {res[f'{case}.top1']:.1f}%"
-               for case in ("state_on_on", "state_off_on", "state_on_off")}
-    verdict = DOCUMENTED if same and garbage else (PASS if same else FAIL)
-    return Check("e", f"saved state across rotation settings ({model}, q8_0/q8_0)", verdict,
-                 figures, "a session carries no rotation flag: saved with rotation off and "
-                 "loaded with it on (or the reverse) it is silently wrong, as upstream "
-                 "(#28498); keep LLAMA_ATTN_ROT_DISABLE the same when saving and loading")
-
-
-def reference_runner(reference: Tree, feature: str) -> Runner:
+def reference_runner(reference: Tree, feature: Feature) -> Runner:
     """Runs of a tree that has the feature upstream: its "unpatched" copy is the reference."""
     ws = Workspace(reference, feature)
     if not ws.source("unpatched").is_dir():
@@ -429,29 +289,32 @@ def reference_runner(reference: Tree, feature: str) -> Runner:
     return Runner(ws)
 
 
-def validate(tree: Tree, feature: str, *, full: bool = False, models: list[str] | None = None,
-             reference: Tree | None = None) -> Report:
+@dataclass(frozen=True)
+class Context:
+    """What a feature's checks get: runs of the tree, of the live reference (None when the
+    published figures are the reference), the mode, the models asked for, and upstream's
+    published figures."""
+
+    runner: Runner
+    live: Runner | None
+    full: bool
+    models: list[str] | None
+    published: dict[str, Any]
+
+
+def validate(tree: Tree, feature: Feature, *, full: bool = False,
+             models: list[str] | None = None, reference: Tree | None = None) -> Report:
     if not TEXT.is_file():
         raise PortkitError(f"{TEXT} is missing (Debian's base-files provides it)")
     if not (tree.llama_root / "CMakeLists.txt").is_file():
         raise PortkitError(f"{tree.llama_root} has no CMake project to build; validate the "
                            f"llama.cpp tree the fork vendors (e.g. the sdist at its pin)")
+    checks_module = importlib.import_module(f"portkit.checks.{feature.validation.checks}")
     ws = Workspace(tree, feature)
     ws.prepare()
-    runner = Runner(ws)
     live = reference_runner(reference, feature) if reference is not None else None
-    chosen = models or ([QUICK_MODEL, FULL_MODEL] if full else [QUICK_MODEL])
-    checks: list[Check] = []
-    for model in chosen:
-        configs: tuple[str, ...] = FULL_CONFIGS if full else QUICK_CONFIGS
-        table = _reference().get(model, {})
-        if live is None and table:
-            configs = tuple(c for c in configs if c in table) or configs
-        checks.append(check_noop(runner, model))
-        checks += check_quality(runner, model, configs, live)
-        checks.append(check_shift(runner, model, ("q8_0/q8_0", "q4_0/q4_0") if full
-                                  else ("q8_0/q8_0",), live))
-        checks.append(check_state(runner, model))
+    context = Context(Runner(ws), live, full, models, feature.published())
+    chosen, checks = checks_module.run(context)
     return Report(str(tree.root), tree.pin, "full" if full else "quick", chosen, checks,
                   str(ws.folder))
 

@@ -10,11 +10,35 @@ import pytest
 from click.testing import CliRunner
 
 from portkit import index as index_mod
-from portkit.anchors import AnchorSet, AnchorSpec, Resolver, load_anchor_set
+from portkit.anchors import (
+    ALIAS,
+    EXACT,
+    SIMILARITY,
+    STRUCTURE,
+    AnchorSet,
+    AnchorSpec,
+    Candidate,
+    Locator,
+    Resolver,
+    find,
+    load_anchor_set,
+    locate,
+)
 from portkit.cli import cli
 from portkit.errors import AnchorError
 from portkit.features import load_anchors, resolve_feature
-from portkit.index import DECLARATION, FIELD, Index
+from portkit.index import (
+    CLASS,
+    DECLARATION,
+    ENUMERATOR,
+    FIELD,
+    FUNCTION,
+    MACRO,
+    VARIABLE,
+    Index,
+    parse_source,
+)
+from portkit.report import PIPE_WIDTH, emit_table, fit_widths
 from portkit.tree import detect
 
 from .conftest import REGISTRY_VERSIONS, rope_shift_span
@@ -71,12 +95,11 @@ def test_warm_resolution_parses_no_whole_file_and_lands_where_cold_did(registry_
     monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
     tree = detect(registry_tree("0.3.17"))
     _, cold = resolve_feature(tree, "kv-rotation")
-    index_mod._recent_trees.clear()  # as in a new process: only the disk cache is warm
     whole_file_parses = []
-    real = index_mod.parse_tree
-    monkeypatch.setattr(index_mod, "parse_tree",
-                        lambda *a: whole_file_parses.append(a) or real(*a))
-    _, warm = resolve_feature(tree, "kv-rotation")
+    real = index_mod.ParseCache.parse
+    monkeypatch.setattr(index_mod.ParseCache, "parse",
+                        lambda self, *a: whole_file_parses.append(a) or real(self, *a))
+    _, warm = resolve_feature(tree, "kv-rotation")  # a new index: only the disk cache is warm
     assert whole_file_parses == []
     statement_points = [p for r in cold.values() for p in r.points.values() if p.start >= 0]
     assert len(statement_points) > 10
@@ -226,7 +249,7 @@ def test_similarity_is_the_last_resort(registry_tree, tmp_path):
     res = Resolver(index).resolve(spec)
     assert res.strategy == "similarity" and res.symbol.name == "build_rope_shift"
     assert res.confidence >= 0.6
-    assert res.runners_up and res.runners_up[0].score < res.confidence - 0.1
+    assert res.runners_up and res.runners_up[0].confidence < res.confidence - 0.1
     strict = AnchorSpec(id="none", what="function", name="kv::nothing_like_it",
                         similar_to="for (;;) { launch_rockets(); }")
     with pytest.raises(AnchorError, match="nearest:"):
@@ -251,3 +274,291 @@ def test_shipped_anchor_set_covers_every_component():
                    "kv-cache.k-shift-input", "kv-ctx.class", "graph.build-attn-kv",
                    "graph.build-attn-iswa", "graph.inp-kv-iswa", "kv-cache.shared-ctor"):
         assert needed in ids
+
+
+# -- ranked candidates, lookup and locate on synthetic trees --------------------------------
+
+
+def snippet_index(files: dict[str, str]) -> Index:
+    ix = Index(Path("."), [parse_source(text.encode(), rel) for rel, text in files.items()])
+    ix._text.update({rel: text.encode() for rel, text in files.items()})
+    return ix
+
+
+SHIFT_BODY = """{
+    ggml_tensor * tmp = ggml_cast(ctx, cur, GGML_TYPE_F32);
+    tmp = ggml_rope_ext(ctx, tmp, shift, factors, n_rot, rope_type, n_ctx_orig);
+    return ggml_cpy(ctx, tmp, cur);
+}
+"""
+
+KV_TREE = {
+    "kv.cpp": f"""
+ggml_tensor * llama_kv_cache::build_rope_shift(ggml_context * ctx, ggml_tensor * cur) const
+{SHIFT_BODY}
+ggml_tensor * llama_kv_cache_unified::build_rope_shift(ggml_context * ctx, ggml_tensor * cur) const
+{SHIFT_BODY}
+ggml_tensor * llama_kv_cache::shift_copy(ggml_context * ctx, ggml_tensor * cur) const
+{SHIFT_BODY}
+ggml_tensor * llama_kv_cache::shift_other(ggml_context * ctx, ggml_tensor * cur) const {{
+    return ggml_rope_ext(ctx, cur, nullptr);
+}}
+""",
+}
+
+
+def test_candidates_rank_every_strategy_without_settling():
+    ix = snippet_index(KV_TREE)
+    spec = AnchorSpec(id="shift", what="function", name="llama_kv_cache::build_rope_shift",
+                      calls=("ggml_cast", "ggml_cpy"))
+    ranked = Resolver(ix).candidates(spec)
+    assert [(c.symbol.qualname, c.strategy, c.confidence) for c in ranked] == [
+        ("llama_kv_cache::build_rope_shift", EXACT, 1.0),
+        ("llama_kv_cache_unified::build_rope_shift", ALIAS, 0.95),
+        ("llama_kv_cache::shift_copy", STRUCTURE, 0.8),
+    ]
+    assert Resolver(ix).resolve(spec).symbol is ranked[0].symbol  # what resolve settles on
+    assert len(Resolver(ix).candidates(spec, limit=2)) == 2
+
+
+def test_candidates_keep_what_resolve_calls_ambiguous_and_the_misfits():
+    ix = snippet_index(KV_TREE)
+    spec = AnchorSpec(id="shift", what="function", name="llama_kv_cache::shift_other",
+                      calls=("ggml_cast",))
+    with pytest.raises(AnchorError, match="ambiguous by structure: 3 candidates"):
+        Resolver(ix).resolve(spec)
+    ranked = Resolver(ix).candidates(spec)
+    assert [c.strategy for c in ranked] == [STRUCTURE, STRUCTURE, STRUCTURE, EXACT]
+    assert len({c.confidence for c in ranked[:3]}) == 1, "near-equals stay equal, all listed"
+    misfit = ranked[-1]
+    assert misfit.symbol.name == "shift_other" and misfit.confidence == 0.5
+    assert misfit.why == "lacks calls ggml_cast"
+
+
+def test_candidates_by_similarity_carry_their_scores():
+    ix = snippet_index(KV_TREE)
+    spec = AnchorSpec(id="s", what="function", name="kv::gone",
+                      similar_to="tmp = ggml_rope_ext(ctx, tmp, shift, factors, n_rot);")
+    ranked = Resolver(ix).candidates(spec)
+    assert {c.strategy for c in ranked} == {SIMILARITY}
+    assert ranked[0].confidence == Resolver(ix).similarity(spec, ranked[0].symbol) > 0.5
+    assert ranked == sorted(ranked, key=lambda c: -c.confidence)
+
+
+def test_runner_up_json_is_unchanged_and_ranked_candidates_say_how():
+    sym = snippet_index(KV_TREE).symbols[0]
+    assert Candidate(sym, 0.0, "lacks x").as_json() == {
+        "name": sym.signature(), "where": sym.where, "score": 0.0, "why": "lacks x"}
+    assert Candidate(sym, 0.95, "y", ALIAS).as_json()["strategy"] == ALIAS
+
+
+def test_find_by_name_and_through_aliases():
+    ix = snippet_index(KV_TREE | {"h.h": "#define build_rope_shift(x) x\nenum e { E_A };\n"})
+    found = find(ix, "llama_kv_cache::build_rope_shift")
+    assert [(c.symbol.qualname, c.strategy) for c in found] == [
+        ("llama_kv_cache::build_rope_shift", EXACT),
+        ("llama_kv_cache_unified::build_rope_shift", ALIAS)]
+    assert [c.symbol.kind for c in find(ix, "build_rope_shift")] == [FUNCTION] * 2 + [MACRO]
+    assert [c.symbol.kind for c in find(ix, "build_rope_shift", {MACRO})] == [MACRO]
+    assert [c.symbol.where for c in find(ix, "E_A", {ENUMERATOR})] == ["h.h:2"]
+    assert find(ix, "E_B") == []
+
+
+BASE = {
+    "graph.h": """
+struct llama_hparams {
+    uint32_t n_embd_head_k;
+    uint32_t n_layer;
+};
+#define GGML_PAD(x, n) (((x) + (n) - 1) & ~((n) - 1))
+static const char * LLM_NAMES[] = { "llama" };
+float scale(float x);
+float scale(int x);
+""",
+    "graph.cpp": f"""
+ggml_tensor * build_kq_mask(ggml_context * ctx, ggml_tensor * cur)
+{SHIFT_BODY}
+struct kv_cells_old {{
+    void reset() {{ used = 0; }}
+    uint32_t size() const {{ return n; }}
+    uint32_t used;
+    uint32_t n;
+}};
+static ggml_tensor * rope_helper(ggml_context * ctx, ggml_tensor * cur)
+{SHIFT_BODY.replace("GGML_TYPE_F32", "GGML_TYPE_F16")}
+""",
+}
+
+TARGET = {
+    "graph.h": """
+struct llama_hparams {
+    uint32_t n_embd_head_k(uint32_t il = 0) const;
+    uint32_t n_layer;
+};
+#define GGML_PAD(x, n, m) (((x) + (n) - 1) & ~((n) - 1))
+static const std::array<const char *, 1> LLM_NAMES = { "llama" };
+float scale(double x);
+float scale(int x);
+""",
+    "graph.cpp": f"""
+ggml_tensor * build_attn_inp_kq_mask(ggml_context * ctx, ggml_tensor * cur)
+{SHIFT_BODY}
+struct kv_cells {{
+    void reset() {{ used = 0; pos = 0; }}
+    uint32_t size() const {{ return n; }}
+    uint32_t used;
+    uint32_t n;
+}};
+""",
+    "helpers.cpp": f"""
+static ggml_tensor * rope_helper_f16(ggml_context * ctx, ggml_tensor * cur)
+{SHIFT_BODY.replace("GGML_TYPE_F32", "GGML_TYPE_F16")}
+static ggml_tensor * rope_helper_bf16(ggml_context * ctx, ggml_tensor * cur)
+{SHIFT_BODY.replace("GGML_TYPE_F32", "GGML_TYPE_BF16")}
+""",
+}
+
+
+def located(name: str, kind: str) -> list[Candidate]:
+    base, target = snippet_index(BASE), snippet_index(TARGET)
+    (sym,) = base.find(name, {kind})
+    return locate(base, sym, target)
+
+
+def test_locate_by_alias_with_the_signature_kept():
+    (found,) = located("build_kq_mask", FUNCTION)
+    assert (found.strategy, found.confidence, found.symbol.name) == (
+        ALIAS, 0.95, "build_attn_inp_kq_mask")
+
+
+def test_locate_a_field_that_became_an_accessor():
+    (found,) = located("llama_hparams::n_embd_head_k", FIELD)
+    assert (found.strategy, found.symbol.kind) == (EXACT, DECLARATION)
+    assert found.confidence < 0.8 and "was a field, now a declaration" in found.why
+
+
+def test_locate_says_what_changed_in_a_macro_and_a_variable():
+    (pad,) = located("GGML_PAD", MACRO)
+    assert pad.strategy == EXACT and pad.confidence < 1.0
+    assert "GGML_PAD(x, n) -> GGML_PAD(x, n, m)" in pad.why
+    assert pad.symbol.params == ["x", "n", "m"]
+    (names,) = located("LLM_NAMES", VARIABLE)
+    assert names.strategy == EXACT and names.confidence < 1.0
+    assert "const char * [] LLM_NAMES -> const std::array<const char *, 1> LLM_NAMES" in names.why
+
+
+def test_locate_ranks_overloads_by_signature_never_picking_silently():
+    base, target = snippet_index(BASE), snippet_index(TARGET)
+    by_int, by_float = sorted(base.find("scale"), key=lambda s: s.params != ["int"])
+    (same,) = [c for c in locate(base, by_int, target) if c.confidence == 1.0]
+    assert same.symbol.params == ["int"]
+    changed = locate(base, by_float, target)  # scale(float) is gone: both overloads, even
+    assert [c.symbol.params for c in changed] == [["double"], ["int"]]
+    assert {(c.strategy, c.confidence) for c in changed} == {(EXACT, 0.75)}
+    assert "float scale(float) -> float scale(double)" in changed[0].why
+
+
+def test_locate_a_renamed_class_by_members_and_its_methods_through_it():
+    base, target = snippet_index(BASE), snippet_index(TARGET)
+    locator = Locator(base, target)
+    (cls,) = base.find("kv_cells_old", {CLASS})
+    (home,) = locator.locate(cls)
+    assert (home.strategy, home.symbol.qualname) == (STRUCTURE, "kv_cells")
+    (reset,) = base.find("kv_cells_old::reset")
+    found = locator.locate(reset)
+    assert found[0].symbol.qualname == "kv_cells::reset" and found[0].strategy == STRUCTURE
+    assert "kv_cells_old became kv_cells" in found[0].why
+
+
+def test_locate_a_function_moved_and_renamed_returns_near_equal_look_alikes_ranked():
+    found = located("rope_helper", FUNCTION)
+    same, *alike = found
+    assert (same.symbol.name, same.strategy, same.symbol.file) == (
+        "rope_helper_f16", STRUCTURE, "helpers.cpp")
+    # a body one token apart, twice: both listed, the closer name first
+    assert [(c.symbol.name, c.strategy) for c in alike] == [
+        ("rope_helper_bf16", SIMILARITY), ("build_attn_inp_kq_mask", SIMILARITY)]
+    assert same.confidence > alike[0].confidence > alike[1].confidence > 0.5
+
+
+def test_locate_finds_nothing_for_what_is_gone():
+    base = snippet_index(BASE)
+    target = snippet_index({"graph.cpp": "int unrelated(int a) { return a * 2; }\n"})
+    (sym,) = base.find("build_kq_mask")
+    assert locate(base, sym, target) == []
+
+
+# -- locate on real trees ---------------------------------------------------------------------
+
+
+def llama_index(registry_tree, version: str, patterns: list[str]) -> Index:
+    return Index.build(registry_tree(version) / "vendor" / "llama.cpp", patterns)
+
+
+def test_locate_the_unified_cache_method_in_the_renamed_class(registry_tree):
+    base = llama_index(registry_tree, "0.3.16", ["src/llama-kv-cache*"])
+    target = llama_index(registry_tree, "0.3.17", ["src/llama-kv-cache*"])
+    (cpy_k,) = base.find("llama_kv_cache_unified::cpy_k", {FUNCTION})
+    inside = base.enclosing(cpy_k.file, cpy_k.start_line + 3)
+    assert inside is cpy_k
+    found = locate(base, inside, target)
+    assert found[0].symbol.qualname == "llama_kv_cache::cpy_k"
+    assert found[0].symbol.kind == FUNCTION and found[0].strategy == ALIAS
+    assert found[0].symbol.file == "src/llama-kv-cache.cpp" and "moved from" in found[0].why
+
+
+def test_locate_the_renamed_mask_builder(registry_tree):
+    base = llama_index(registry_tree, "0.3.19", ["src/llama-graph.*"])
+    target = llama_index(registry_tree, "0.3.20", ["src/llama-graph.*"])
+    (mask,) = base.find("build_kq_mask", {FUNCTION})
+    found = locate(base, mask, target)
+    assert found[0].symbol.name == "build_attn_inp_kq_mask"
+    assert found[0].strategy in {ALIAS, STRUCTURE}
+
+
+def test_locate_a_class_renamed_outside_the_aliases(registry_tree):
+    """llama_kv_cells_unified became llama_kv_cells; aliases.toml does not say so."""
+    base = llama_index(registry_tree, "0.3.16", ["src/llama-kv-cells.h"])
+    target = llama_index(registry_tree, "0.3.17", ["src/llama-kv-cells.h"])
+    locator = Locator(base, target)
+    (cells,) = base.find("llama_kv_cells_unified", {CLASS})
+    assert locator.locate(cells)[0].symbol.qualname == "llama_kv_cells"
+    (size,) = base.find("llama_kv_cells_unified::size", {FUNCTION})
+    assert locator.locate(size)[0].symbol.qualname == "llama_kv_cells::size"
+
+
+# -- the anchors table fits the terminal ------------------------------------------------------
+
+
+def test_table_cuts_the_widest_columns_first_with_an_ellipsis(capsys):
+    emit_table(["id", "status", "note"], [["a.b", "found", "x" * 80], ["c", "absent", "short"]],
+               width=40)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["id", "status", "note"]
+    assert max(len(line) for line in lines) <= 40
+    assert lines[2].startswith("a.b  found   x") and lines[2].endswith("…")
+    assert lines[3].rstrip().endswith("short")
+
+
+def test_table_narrow_enough_is_left_alone(capsys):
+    emit_table(["id", "note"], [["a", "b" * 10]], width=200)
+    assert capsys.readouterr().out.splitlines() == ["id  note", "--  ----------",
+                                                    "a   bbbbbbbbbb"]
+
+
+def test_fit_widths_keep_headers_and_narrow_columns():
+    assert fit_widths([10, 50, 90], [4, 6, 4], 60) == [10, 23, 23]
+    assert fit_widths([3, 200], [3, 6], 10) == [3, 6], "never below a column's least"
+
+
+def test_anchors_table_fits_a_pipe_and_json_keeps_full_text(registry_tree):
+    tree = str(registry_tree("0.3.16"))
+    table = CliRunner().invoke(cli, ["anchors", "--tree", tree])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert max(len(line) for line in lines) <= PIPE_WIDTH < 200
+    assert any(line.endswith("…") for line in lines)
+    data = json.loads(CliRunner().invoke(cli, ["anchors", "--tree", tree, "--format", "json"])
+                      .output)
+    notes = [a["note"] for a in data["anchors"] if a["note"]]
+    assert max(len(n) for n in notes) > PIPE_WIDTH and not any("…" in n for n in notes)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import gc
 import marshal
+import weakref
 from pathlib import Path
 
 import pytest
 
 from portkit import index as index_mod
-from portkit.index import CLASS, DECLARATION, FIELD, FUNCTION, Index, parse_source
+from portkit.errors import PortkitError
+from portkit.index import (
+    CLASS,
+    DECLARATION,
+    ENUM,
+    ENUMERATOR,
+    FIELD,
+    FUNCTION,
+    MACRO,
+    VARIABLE,
+    Index,
+    ParseCache,
+    parse_source,
+)
 
 SNIPPET = b"""
 namespace outer {
@@ -152,3 +167,315 @@ def test_real_tree_bodies_are_sliced_exactly(registry_tree, version):
     for sym in fns:
         assert ix.body(sym).startswith("{") and ix.body(sym).endswith("}")
         assert Path(sym.file) == Path("src/llama-graph.cpp")
+
+
+# -- enums, variables, macros -------------------------------------------------------------
+
+C_SNIPPET = b"""\
+#define GGML_MAX_DIMS 4
+#define GGML_ASSERT(x, ...) \\
+    do {                     \\
+        if (!(x)) abort();   \\
+    } while (0)
+#define EMPTY
+
+enum llm_arch {
+    LLM_ARCH_LLAMA,
+    LLM_ARCH_QWEN2 = 5,
+};
+
+typedef enum { GGML_STATUS_OK, GGML_STATUS_FAILED } ggml_status;
+
+static const std::map<llm_arch, const char *> LLM_ARCH_NAMES = {
+    { LLM_ARCH_LLAMA, "llama" },
+};
+
+static const char * names[] = { "a", "b" };
+int counter, * counter_ptr = nullptr;
+
+LLAMA_API const char * llama_name(void);
+
+namespace ns {
+struct kv_cache {
+    enum class mode : uint8_t { fast, slow };
+    int n = 0;
+    void (*callback)(void * data);
+    union { int u1; float u2; };
+    int size() const { return n; }
+    void grow(int by);
+    template <typename T>
+    T pick(T a) {
+        return a;
+    }
+};
+}
+
+void ns::kv_cache::grow(int by) {
+    auto step = [&](int k) {
+        n += k;
+    };
+#ifdef GGML_USE_FAST
+    step(by * 2);
+#else
+    step(by);
+#endif
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+static int helper(int x) {
+    return x + 1;
+}
+#ifdef __cplusplus
+}
+#endif
+
+typedef struct {
+    float d;
+    uint8_t qs[32];
+} block_q4_0;
+
+const int ns::kv_cache_limit = 3;
+"""
+
+
+def snippet_index(src: bytes = C_SNIPPET, rel: str = "a.cpp") -> Index:
+    ix = Index(Path("."), [parse_source(src, rel)])
+    ix._text[rel] = src
+    return ix
+
+
+def line_of(src: bytes, text: bytes) -> int:
+    return src[: src.index(text)].count(b"\n") + 1
+
+
+def test_enums_and_their_enumerators():
+    ix = snippet_index()
+    (arch,) = ix.find("llm_arch", {ENUM})
+    assert (arch.start_line, arch.end_line) == (8, 11)
+    assert [m.name for m in ix.members(arch)] == ["LLM_ARCH_LLAMA", "LLM_ARCH_QWEN2"]
+    (qwen,) = ix.find("LLM_ARCH_QWEN2")
+    # a plain enum's enumerators live in its enclosing scope
+    assert (qwen.kind, qwen.qualname, qwen.scope) == (ENUMERATOR, "LLM_ARCH_QWEN2", "llm_arch")
+    assert ix.body(qwen) == "5" and ix.body(ix.find("LLM_ARCH_LLAMA")[0]) == ""
+    (status,) = ix.find("ggml_status")  # a typedef names its anonymous enum
+    assert status.kind == ENUM and ix.text(status).startswith("typedef enum {")
+    assert {m.qualname for m in ix.members(status)} == {"GGML_STATUS_OK", "GGML_STATUS_FAILED"}
+    (mode,) = ix.find("kv_cache::mode")
+    assert (mode.kind, mode.qualname, mode.returns) == (ENUM, "ns::kv_cache::mode", "uint8_t")
+    assert [m.qualname for m in ix.members(mode)] == ["ns::kv_cache::mode::fast",
+                                                     "ns::kv_cache::mode::slow"]
+
+
+def test_anonymous_enums_give_their_names_to_their_scope():
+    src = b"""\
+struct cpt_flags {
+    enum {
+        NUMBER = 0x0002,
+        LETTER = 0x0004,
+    };
+    uint16_t is_number : 1;
+};
+enum { GGML_MAX_NAME = 64 };
+"""
+    ix = snippet_index(src)
+    (flags,) = ix.find("cpt_flags")
+    assert [m.name for m in ix.members(flags)] == ["NUMBER", "LETTER", "is_number"]
+    assert ix.find("cpt_flags::LETTER")[0].kind == ENUMERATOR
+    assert ix.enclosing("a.cpp", 4).qualname == "cpt_flags"
+    (max_name,) = ix.find("GGML_MAX_NAME")
+    assert (max_name.qualname, ix.body(max_name)) == ("GGML_MAX_NAME", "64")
+    assert ix.enclosing("a.cpp", 8) is max_name  # no enum to stand for
+
+
+def test_file_scope_variables_with_their_types_and_initialisers():
+    ix = snippet_index()
+    (names_map,) = ix.find("LLM_ARCH_NAMES")
+    assert names_map.kind == VARIABLE and names_map.is_static
+    assert names_map.returns == "const std::map<llm_arch, const char *>"
+    assert (names_map.start_line, names_map.end_line) == (15, 17)
+    assert ix.body(names_map).startswith("{") and "LLM_ARCH_LLAMA" in ix.body(names_map)
+    (names,) = ix.find("names", {VARIABLE})
+    assert names.returns == "const char * []"
+    counter, counter_ptr = ix.find("counter") + ix.find("counter_ptr")
+    assert (counter.returns, counter_ptr.returns) == ("int", "int *")
+    assert not counter.is_static and ix.body(counter_ptr) == "nullptr"
+    (limit,) = ix.find("kv_cache_limit")  # a member defined out of its class
+    assert (limit.kind, limit.qualname, limit.returns) == (VARIABLE, "ns::kv_cache_limit",
+                                                          "const int")
+    assert not ix.find("step"), "a lambda inside a function is part of the function"
+
+
+def test_macros_object_like_and_function_like():
+    ix = snippet_index()
+    (dims,) = ix.find("GGML_MAX_DIMS")
+    assert (dims.kind, dims.params, ix.body(dims), dims.signature()) == (
+        MACRO, [], "4", "GGML_MAX_DIMS")
+    (assert_,) = ix.find("GGML_ASSERT")
+    assert assert_.params == ["x", "..."] and assert_.signature() == "GGML_ASSERT(x, ...)"
+    assert (assert_.start_line, assert_.end_line) == (2, 5), "continuation lines, no newline"
+    assert ix.text(assert_).endswith("while (0)")
+    (empty,) = ix.find("EMPTY")
+    assert empty.end_line == 6 and ix.body(empty) == ""
+
+
+def test_types_keep_qualifiers_arrays_and_see_past_export_macros():
+    ix = snippet_index()
+    (name,) = ix.find("llama_name")
+    assert (name.kind, name.returns, name.params) == (DECLARATION, "const char *", ["void"])
+    exported = parse_source(b"GGML_BACKEND_API ggml_backend_t ggml_backend_cpu_init(void);",
+                            "b.h").symbols
+    assert [(s.qualname, s.returns) for s in exported] == [("ggml_backend_cpu_init",
+                                                            "ggml_backend_t")]
+    (qs,) = ix.find("block_q4_0::qs")
+    assert (qs.kind, qs.returns) == (FIELD, "uint8_t [32]")
+    (block,) = ix.find("block_q4_0", {CLASS})  # a typedef names its anonymous struct
+    assert [m.name for m in ix.members(block)] == ["d", "qs"]
+    (callback,) = ix.find("callback")  # a function pointer is data, not a method
+    assert callback.kind == FIELD
+    assert callback.returns == index_mod.squash("void (*)(void * data)")
+    assert {m.name for m in ix.members(ix.find("kv_cache", {CLASS})[0])} >= {"u1", "u2", "mode"}
+
+
+def test_find_by_unqualified_qualified_and_partly_qualified_name():
+    ix = snippet_index()
+    assert [s.kind for s in ix.find("grow")] == [DECLARATION, FUNCTION]
+    assert [s.kind for s in ix.find("ns::kv_cache::grow", {FUNCTION})] == [FUNCTION]
+    assert [s.qualname for s in ix.find("kv_cache::grow")] == ["ns::kv_cache::grow"] * 2
+    assert ix.find("other::grow") == [] and ix.find("nowhere") == []
+
+
+@pytest.mark.parametrize("text,expected", [
+    (b"#define GGML_ASSERT", ("macro", "GGML_ASSERT")),
+    (b"        if (!(x)) abort();", ("macro", "GGML_ASSERT")),
+    (b"    LLM_ARCH_QWEN2 = 5,", ("enum", "llm_arch")),
+    (b"    { LLM_ARCH_LLAMA, \"llama\" },", ("variable", "LLM_ARCH_NAMES")),
+    (b"int counter,", ("variable", "counter")),
+    (b"LLAMA_API const char", ("declaration", "llama_name")),
+    (b"    enum class mode", ("enum", "ns::kv_cache::mode")),
+    (b"    int n = 0;", ("class", "ns::kv_cache")),  # a field stands for its class
+    (b"    void grow(int by);", ("class", "ns::kv_cache")),  # and a method declaration
+    (b"    union {", ("class", "ns::kv_cache")),
+    (b"    int size() const", ("function", "ns::kv_cache::size")),  # in-class inline method
+    (b"    template <typename T>", ("function", "ns::kv_cache::pick")),
+    (b"        return a;", ("function", "ns::kv_cache::pick")),
+    (b"void ns::kv_cache::grow", ("function", "ns::kv_cache::grow")),  # out of class
+    (b"        n += k;", ("function", "ns::kv_cache::grow")),  # in a lambda
+    (b"#ifdef GGML_USE_FAST", ("function", "ns::kv_cache::grow")),
+    (b"    step(by);", ("function", "ns::kv_cache::grow")),  # in an #else branch
+    (b"    return x + 1;", ("function", "helper")),  # static, in extern "C" under #ifdef
+    (b"    float d;", ("class", "block_q4_0")),
+    (b"} block_q4_0;", ("class", "block_q4_0")),
+    (b"const int ns::kv_cache_limit", ("variable", "ns::kv_cache_limit")),
+])
+def test_enclosing_is_the_innermost_definition(text, expected):
+    ix = snippet_index()
+    found = ix.enclosing("a.cpp", line_of(C_SNIPPET, text))
+    assert found is not None and (found.kind, found.qualname) == expected
+
+
+@pytest.mark.parametrize("line", [b"", b"namespace ns {", b"}", b"#ifdef __cplusplus",
+                                  b'extern "C" {'])
+def test_enclosing_between_definitions_is_none(line):
+    ix = snippet_index()
+    number = C_SNIPPET.split(b"\n").index(line) + 1  # its first occurrence
+    assert ix.enclosing("a.cpp", number) is None
+
+
+def test_enclosing_of_a_file_not_indexed_is_an_error():
+    with pytest.raises(PortkitError, match="not in the index"):
+        snippet_index().enclosing("b.cpp", 1)
+
+
+# -- the parse cache is the index's own --------------------------------------------------
+
+
+def write_tree(root: Path, files: int, body: str) -> None:
+    (root / "src").mkdir(parents=True)
+    for n in range(files):
+        (root / "src" / f"f{n}.cpp").write_text(f"int f{n}() {{ {body} }}\n")
+
+
+def test_two_indexes_keep_their_own_parses(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    write_tree(tmp_path / "base", 2, "return 1;")
+    write_tree(tmp_path / "target", 40, "return 2;")  # more files than a cache keeps
+    base = Index.build(tmp_path / "base", ["src/*.cpp"])
+    target = Index.build(tmp_path / "target", ["src/*.cpp"])
+    assert base.parses is not target.parses
+    ranged = []
+    real = index_mod._ranged_parser
+    monkeypatch.setattr(index_mod, "_ranged_parser", lambda *a: ranged.append(a) or real(*a))
+    for sym in base.symbols:  # the target's parses evicted none of the base's
+        node = base.syntax(sym)
+        assert base.source(sym.file)[node.start_byte : node.end_byte].startswith(b"int f")
+    assert ranged == []
+    evicted = target.symbols[0]  # the target's own cache keeps its last 32 files
+    assert "return 2" in target.body(evicted)
+    target.syntax(evicted)
+    assert len(ranged) == 1
+
+
+def test_parse_cache_goes_with_its_index(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    write_tree(tmp_path / "t", 3, "return 1;")
+    index = Index.build(tmp_path / "t", ["src/*.cpp"])
+    cache = weakref.ref(index.parses)
+    del index
+    gc.collect()
+    assert cache() is None
+
+
+def test_a_parse_cache_keeps_the_last_files_it_parsed():
+    cache = ParseCache(keep=2)
+    for n in range(3):
+        cache.parse(f"int x{n};".encode(), f"sha{n}")
+    src = b"int x0;"
+    node = cache.syntax(src, "sha0", 0, len(src))  # forgotten: parsed again, by range
+    assert node.type == "translation_unit"
+    assert cache.parse(b"int x2;", "sha2") is cache.parse(b"int x2;", "sha2")
+
+
+# -- real trees ----------------------------------------------------------------------------
+
+
+def test_enclosing_on_a_real_out_of_class_method(registry_tree):
+    root = registry_tree("0.3.16") / "vendor" / "llama.cpp"
+    ix = Index.build(root, ["src/llama-kv-cache-unified.*"])
+    (cpy_k,) = ix.find("llama_kv_cache_unified::cpy_k", {FUNCTION})
+    src = ix.source(cpy_k.file)
+    inside = line_of(src[cpy_k.body_start :], b"ggml_view_") + src.count(
+        b"\n", 0, cpy_k.body_start)
+    assert cpy_k.start_line < inside < cpy_k.end_line
+    assert ix.enclosing(cpy_k.file, inside) is cpy_k
+    assert ix.enclosing(cpy_k.file, cpy_k.end_line + 1) is None
+    (decl,) = ix.find("llama_kv_cache_unified::cpy_k", {DECLARATION})
+    assert ix.enclosing(decl.file, decl.start_line).qualname == "llama_kv_cache_unified"
+
+
+@pytest.mark.parametrize("files", [["ggml/src/ggml.c", "ggml/src/ggml-cpu/ggml-cpu.c"],
+                                   ["src/llama-kv-cache.cpp", "src/llama-model.cpp"]])
+def test_every_definition_encloses_its_own_lines(registry_tree, files):
+    root = registry_tree("0.3.36") / "vendor" / "llama.cpp"
+    ix = Index.build(root, files)
+    defined = [s for s in ix.symbols if s.kind in {FUNCTION, CLASS, ENUM}]
+    assert len(defined) > 150
+    for sym in defined:
+        found = ix.enclosing(sym.file, (sym.start_line + sym.end_line) // 2)
+        assert found is not None
+        assert sym.start_byte <= found.start_byte and found.end_byte <= sym.end_byte, sym.where
+
+
+def test_real_enumerators_and_macros(registry_tree):
+    root = registry_tree("0.3.17") / "vendor" / "llama.cpp"
+    ix = Index.build(root, ["src/llama-arch.*", "ggml/include/ggml.h"])
+    (qwen2,) = ix.find("LLM_ARCH_QWEN2")
+    assert (qwen2.kind, qwen2.file, qwen2.scope) == (ENUMERATOR, "src/llama-arch.h", "llm_arch")
+    (assert_,) = ix.find("GGML_ASSERT")
+    assert (assert_.kind, assert_.file, assert_.params) == (MACRO, "ggml/include/ggml.h", ["x"])
+    (names,) = ix.find("LLM_ARCH_NAMES")
+    assert names.kind == VARIABLE and names.returns == "const std::map<llm_arch, const char *>"
+    assert '"qwen2"' in ix.body(names)
+    (add,) = ix.find("ggml_add", {DECLARATION})
+    assert add.returns == "struct ggml_tensor *", "GGML_API is not the return type"

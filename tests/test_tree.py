@@ -18,7 +18,7 @@ from .conftest import copy_sources
 
 
 def make_ollama_fork(src_tree: Path, dest: Path, fetch_head: str) -> Path:
-    """Lay out an ollama-style fork from a registry tree (as fixtures.md describes)."""
+    """Lay out an ollama-style fork from a registry tree (as docs/fixtures.md describes)."""
     llama = tree_mod.detect(src_tree).llama_root
     copy_sources(src_tree, dest / "llama" / "llama.cpp")
     shutil.copytree(llama / "ggml", dest / "ml" / "backend" / "ggml" / "ggml")

@@ -1,0 +1,685 @@
+"""Drift: how each patch of a series fares on other trees, hunk by hunk, and why.
+
+For every target the series is applied in order by the per-hunk engine (portkit.hunks, GNU
+patch underneath), each patch on top of the earlier ones that applied. A hunk that lands is
+clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. A hunk
+that fails is followed into the target:
+
+  relocated         its enclosing symbol in the base (function, method, class, file-scope
+                    declaration) was found in the target by the anchor engine's Locator
+                    (exact / alias / structure / similarity), and the hunk, re-expressed
+                    with the target's names, lands inside it;
+  present-upstream  the target already has the change in another form: every line the
+                    hunk adds is there, or every new name it brings is already used at that
+                    place in the target;
+  conflict          none of that: the reason (file gone, symbol gone, context changed) and
+                    the nearest match in the target.
+
+Semantic drift: the symbols a patch's added lines use (functions, methods, types, fields,
+enumerators, macros, variables) are looked up in the base and in the target; each one that
+is gone, renamed, or whose signature or type changed is listed, even when the text applies.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
+from portkit.drift_model import (
+    ALREADY_APPLIED,
+    CLEAN,
+    CONFLICT,
+    FUZZ,
+    OFFSET,
+    PRESENT_UPSTREAM,
+    RELOCATED,
+    DriftReport,
+    HunkDrift,
+    Moved,
+    Nearest,
+    PatchDrift,
+    SemanticChange,
+    TargetDrift,
+)
+from portkit.errors import PortkitError
+from portkit.features import Feature, templates_root
+from portkit.hunks import ALREADY, apply_hunks
+from portkit.hunks import CLEAN as H_CLEAN
+from portkit.hunks import FUZZ as H_FUZZ
+from portkit.hunks import OFFSET as H_OFFSET
+from portkit.index import (
+    CLASS,
+    DECLARATION,
+    ENUM,
+    ENUMERATOR,
+    FIELD,
+    FUNCTION,
+    MACRO,
+    VARIABLE,
+    Index,
+    Symbol,
+    flat,
+)
+from portkit.render import upstream_patches
+from portkit.series import Hunk, Patch, Series, parse_patch
+from portkit.tree import Tree
+
+# What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
+# llama.cpp's sources and headers and ggml's public headers and core sources, where the
+# symbols a fork's patches use are defined. Files a series touches are added to these.
+SCOPE = ("src/**/*.h", "src/**/*.cpp", "include/*.h", "common/*.h", "ggml/include/*.h",
+         "ggml/src/*.h", "ggml/src/*.c", "ggml/src/*.cpp", "ggml/src/ggml-cpu/*.h",
+         "ggml/src/ggml-cpu/*.c", "ggml/src/ggml-cpu/*.cpp")
+FUZZ_LIMIT = 2
+SURE = 0.6  # a located symbol below this confidence is not followed
+MARGIN = 0.05  # ... nor one the runner-up comes this close to
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_KEYWORDS = frozenset({
+    "alignas", "alignof", "auto", "bool", "break", "case", "catch", "char", "class", "const",
+    "constexpr", "const_cast", "continue", "decltype", "default", "delete", "do", "double",
+    "dynamic_cast", "else", "enum", "explicit", "extern", "false", "float", "for", "friend",
+    "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept",
+    "nullptr", "operator", "private", "protected", "public", "register", "reinterpret_cast",
+    "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
+    "switch", "template", "this", "throw", "true", "try", "typedef", "typeid", "typename",
+    "union", "unsigned", "using", "virtual", "void", "volatile", "while", "override", "final",
+    "size_t", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
+    "uint64_t", "std", "NULL", "define", "include", "ifdef", "ifndef", "endif", "elif",
+    "pragma", "defined"
+})
+_USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
+_MEMBER_USE = re.compile(r"([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*)")
+_MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
+
+
+def identifiers(lines: Iterable[str]) -> list[str]:
+    """The names in `lines`, in order of first use, without keywords and string contents."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+        for name in _IDENT.findall(code):
+            if name not in _KEYWORDS and len(name) > 1:
+                seen.setdefault(name)
+    return list(seen)
+
+
+def _meaningful(lines: Iterable[str]) -> list[str]:
+    return [f for f in (flat(line) for line in lines) if len(f) >= _MEANINGFUL]
+
+
+@dataclass
+class Side:
+    """A tree as drift reads it: the folder whose paths the series names (a fork's vendored
+    llama.cpp and ggml seen as one llama.cpp tree), and its index."""
+
+    label: str
+    root: Path
+    patterns: tuple[str, ...]
+    pin: str | None = None
+
+    @cached_property
+    def index(self) -> Index:
+        return Index.build(self.root, self.patterns)
+
+    def text(self, rel: str) -> str | None:
+        path = self.root / rel
+        if not path.is_file():
+            return None
+        return path.read_bytes().decode("utf-8", errors="surrogateescape")
+
+    @cached_property
+    def words(self) -> dict[str, frozenset[str]]:
+        """The names used in each indexed file (for "is this name new?")."""
+        return {rel: frozenset(_IDENT.findall(self.index.source(rel).decode(
+                    "utf-8", errors="replace"))) for rel in self.index.files}
+
+    @cached_property
+    def all_words(self) -> frozenset[str]:
+        return frozenset().union(*self.words.values()) if self.words else frozenset()
+
+
+@contextmanager
+def tree_view(tree: Tree) -> Iterator[Path]:
+    """The tree's llama.cpp root as a series sees it. A fork that vendors ggml apart
+    (ml/backend/ggml/ggml beside llama/llama.cpp) is shown as one tree, ggml/ included,
+    through symbolic links in a temporary folder; the tree itself is only read."""
+    if (tree.llama_root / "ggml").exists() or not tree.ggml_root.is_dir():
+        yield tree.llama_root
+        return
+    with tempfile.TemporaryDirectory(prefix="portkit-view-") as tmp:
+        view = Path(tmp)
+        for entry in tree.llama_root.iterdir():
+            (view / entry.name).symlink_to(entry)
+        (view / "ggml").symlink_to(tree.ggml_root)
+        yield view
+
+
+@contextmanager
+def reversed_base(series: Series, tree: Tree) -> Iterator[Path]:
+    """The tree a fork's series was written against: its vendored tree with the series taken
+    out (the engine reverse-applies it, last patch first, in a scratch copy)."""
+    with tree_view(tree) as view, apply_hunks(series, view, reverse=True, exact=True) as back:
+        if not back.ok:
+            first = next(h for h in back.hunks if not h.landed)
+            raise PortkitError(f"the series does not come out of {tree.root} cleanly "
+                               f"({first.patch}: {first.describe()}); give the base with --base")
+        with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
+            base = Path(tmp)
+            for rel in _scope_files(view, SCOPE):
+                (base / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(view / rel, base / rel)
+            for rel, data in back.files.items():
+                path = base / rel
+                if data is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+            yield base
+
+
+def _scope_files(root: Path, patterns: Iterable[str]) -> list[str]:
+    found = {p.relative_to(root).as_posix() for pattern in patterns for p in root.glob(pattern)
+             if p.is_file()}
+    return sorted(found)
+
+
+def _patch_lines(patch: Patch) -> dict[int, int]:
+    """The line (1-based) of each hunk's @@ header in the patch file, by hunk index."""
+    lines = patch.text.splitlines()
+    out: dict[int, int] = {}
+    at = 0
+    for hunk in patch.hunks:
+        head = hunk.text.splitlines()[0]
+        while at < len(lines) and lines[at] != head:
+            at += 1
+        out[hunk.patch_index] = at + 1 if at < len(lines) else 1
+        at += 1
+    return out
+
+
+def _changed_offset(hunk: Hunk) -> int:
+    """Lines from the hunk's start to its first removed or added line (old side)."""
+    count = 0
+    for line in hunk.text.splitlines()[1:]:
+        if line.startswith((" ",)):
+            count += 1
+        elif line.startswith(("-", "+")):
+            return count
+    return 0
+
+
+def _find_block(haystack: list[str], needle: list[str], near: int) -> int | None:
+    """The 0-based start of `needle` in `haystack` (layout-blind), the match nearest `near`."""
+    want = [flat(x) for x in needle]
+    if not want:
+        return None
+    hay = [flat(x) for x in haystack]
+    starts = [i for i in range(len(hay) - len(want) + 1) if hay[i:i + len(want)] == want]
+    return min(starts, key=lambda i: abs(i - near)) if starts else None
+
+
+class _Target:
+    """One target: the engine's run of the series on it, and the follow-up of failed hunks."""
+
+    def __init__(self, series: Series, base: Side, target: Side,
+                 upstream: dict[str, str] | None = None) -> None:
+        self.series = series
+        self.base = base
+        self.target = target
+        self.upstream = upstream or {}  # subject -> why, for a feature series portkit knows
+        self.locator = Locator(base.index, target.index)
+        self.current: dict[str, bytes | None] = {}
+        self.homes: dict[str, str | None] = {}
+
+    def run(self) -> TargetDrift:
+        patches: list[PatchDrift] = []
+        with apply_hunks(self.series, self.target.root, fuzz=FUZZ_LIMIT) as result:
+            self.current = result.files
+            for presult in result.patches:
+                patch = presult.patch
+                at = _patch_lines(patch)
+                hunks = []
+                for hr in presult.hunks:
+                    assert hr.hunk is not None
+                    line = at.get(hr.hunk.patch_index, 1)
+                    if patch.subject in self.upstream:
+                        hunks.append(HunkDrift(
+                            hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
+                            f"the feature upstream ({self.upstream[patch.subject]})", line))
+                        continue
+                    hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
+                                            hr.reason, line))
+                if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
+                    where = patch.paths[0] if patch.paths else patch.name
+                    hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
+                             for problem in presult.problems or ["the patch changes no text"]]
+                there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
+                patches.append(PatchDrift(patch.name, patch.subject, tuple(hunks),
+                                          () if there else tuple(self.semantic(patch))))
+        return TargetDrift(self.target.label, self.target.pin, tuple(patches))
+
+    # -- one hunk ----------------------------------------------------------------------
+
+    def _hunk(self, patch: Patch, hunk: Hunk, status: str, offset: int, fuzz: int,
+              reason: str, patch_line: int) -> HunkDrift:
+        base_sym = self.base_symbol(hunk)
+        name = base_sym.qualname if base_sym else None
+        if status in (H_CLEAN, H_OFFSET, H_FUZZ):
+            upstream = self.upstream_in_place(hunk, base_sym)
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"it applies as text, but {upstream}", patch_line, symbol=name)
+            mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
+            said = "applies as it is" if mapped == CLEAN else (
+                f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
+            return HunkDrift(hunk.path, hunk.old_start, mapped, said, patch_line, offset, fuzz,
+                             name)
+        if status == ALREADY:
+            return HunkDrift(hunk.path, hunk.old_start, ALREADY_APPLIED,
+                             "the target has exactly this change (it reverse-applies)",
+                             patch_line, symbol=name)
+        return self.follow(hunk, base_sym, reason, patch_line)
+
+    def upstream_in_place(self, hunk: Hunk, base_sym: Symbol | None) -> str:
+        """For a hunk that lands: does the target already have what it adds, by the new
+        names it brings (upstream's own version of the same change)?"""
+        if base_sym is not None:
+            cand, _ = self.located(base_sym)
+            if cand is not None:
+                tsym = cand.symbol
+                why = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line),
+                                   verbatim=False)
+                return f"{tsym.qualname} in the target has it already: {why}" if why else ""
+        why = self.present(hunk, hunk.path, None, verbatim=False)
+        return f"{hunk.path} in the target has it already: {why}" if why else ""
+
+    def base_symbol(self, hunk: Hunk) -> Symbol | None:
+        """The base's symbol around the hunk's first change."""
+        text = self.base.text(hunk.path)
+        if text is None or hunk.path not in self.base.index.files:
+            return None
+        lines = text.splitlines()
+        start = _find_block(lines, list(hunk.old_lines), hunk.old_start - 1)
+        first = (start if start is not None else hunk.old_start - 1) + _changed_offset(hunk)
+        sym = self.base.index.enclosing(hunk.path, min(first + 1, max(len(lines), 1)))
+        return sym
+
+    def located(self, sym: Symbol) -> tuple[Candidate | None, str]:
+        """Where `sym` went in the target: one sure candidate, or why there is none."""
+        found = self.locator.locate(sym)
+        if not found or found[0].confidence < SURE:
+            return None, f"{sym.qualname} is not in the target"
+        if len(found) > 1 and found[0].confidence - found[1].confidence < MARGIN \
+                and found[1].symbol.qualname != found[0].symbol.qualname:
+            return None, (f"{sym.qualname} could be {found[0].symbol.qualname} or "
+                          f"{found[1].symbol.qualname} in the target")
+        return found[0], ""
+
+    def follow(self, hunk: Hunk, base_sym: Symbol | None, reason: str,
+               patch_line: int) -> HunkDrift:
+        name = base_sym.qualname if base_sym else None
+        cand, why_not = self.located(base_sym) if base_sym else (None, "")
+        if cand is not None and base_sym is not None:
+            tsym = cand.symbol
+            upstream = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line))
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"{tsym.qualname} in the target has it already: {upstream}",
+                                 patch_line, symbol=name)
+            moved = self.relocate(hunk, base_sym, tsym)
+            if moved is not None:
+                line, offset, fuzz = moved
+                where = ("renamed " if tsym.name != base_sym.name else "") + (
+                    f"moved to {tsym.file}" if tsym.file != base_sym.file else "")
+                return HunkDrift(
+                    hunk.path, hunk.old_start, RELOCATED,
+                    f"{base_sym.qualname} is {tsym.qualname} at {tsym.where} in the target"
+                    f"{' (' + where.strip() + ')' if where.strip() else ''}; found by "
+                    f"{cand.strategy}", patch_line, offset, fuzz, name,
+                    Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
+            return HunkDrift(hunk.path, hunk.old_start, CONFLICT,
+                             f"context changed in {tsym.qualname} ({tsym.where})", patch_line,
+                             symbol=name, nearest=self.nearest(hunk, tsym.file,
+                                                               (tsym.start_line, tsym.end_line)))
+        if self._current(hunk.path) is not None:
+            upstream = self.present(hunk, hunk.path, None)
+            if upstream and base_sym is None:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"{hunk.path} in the target has it already: {upstream}",
+                                 patch_line)
+            why = why_not or (f"context changed ({reason})" if reason else "context changed")
+            return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
+                             nearest=self.nearest(hunk, hunk.path, None))
+        home = self.home(hunk.path)
+        if home is not None and (base_sym is None or cand is None):
+            upstream = self.present(hunk, home, None, verbatim=base_sym is None)
+            if upstream:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"{home} in the target has it already: {upstream}",
+                                 patch_line, symbol=name)
+            moved = self.relocate_in_file(hunk, home)
+            if moved is not None:
+                line, offset, fuzz = moved
+                around = self.target.index.enclosing(home, line) \
+                    if home in self.target.index.files else None
+                return HunkDrift(
+                    hunk.path, hunk.old_start, RELOCATED,
+                    f"{hunk.path} is {home} in the target (where its symbols went)",
+                    patch_line, offset, fuzz, name,
+                    Moved(home, line, around.qualname if around else "", "structure"))
+        why = f"{hunk.path} is not in the target" + (f"; {why_not}" if why_not else "")
+        return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
+                         nearest=self.nearest(hunk, home, None) if home
+                         else self.nearest_anywhere(hunk))
+
+    # -- relocation --------------------------------------------------------------------
+
+    def home(self, rel: str) -> str | None:
+        """Where a base file that the target lacks went: the target file of the same kind
+        that holds most of its classes and functions (by name, through aliases)."""
+        if rel in self.homes:
+            return self.homes[rel]
+        votes: Counter[str] = Counter()
+        suffix = Path(rel).suffix
+        if rel in self.base.index.files:
+            for sym in self.base.index.symbols:
+                if sym.file != rel or sym.kind not in (CLASS, FUNCTION) or "::" in sym.scope:
+                    continue
+                for cand in find(self.target.index, sym.qualname, (sym.kind,)):
+                    if cand.symbol.file.endswith(suffix):
+                        votes[cand.symbol.file] += 1
+                        break
+        self.homes[rel] = votes.most_common(1)[0][0] if votes else None
+        return self.homes[rel]
+
+    def relocate_in_file(self, hunk: Hunk, rel: str) -> tuple[int, int, int] | None:
+        names = {w: a for w in identifiers(hunk.old_lines) if not self.target.index.find(w)
+                 for a in aliases_of(w)[:1] if a != w and self.target.index.find(a)}
+        return self._trial(hunk, rel, hunk.old_start, names, None)
+
+    def renames(self, hunk: Hunk, base_sym: Symbol, tsym: Symbol) -> dict[str, str]:
+        """Names of the hunk's context to spell as the target does: the symbol's own and its
+        class's, and every name the base defines that the target knows by an alias."""
+        out: dict[str, str] = {}
+        if base_sym.name != tsym.name:
+            out[base_sym.name] = tsym.name
+        base_scope, target_scope = base_sym.scope.rsplit("::", 1)[-1], \
+            tsym.scope.rsplit("::", 1)[-1]
+        if base_scope and target_scope and base_scope != target_scope:
+            out[base_scope] = target_scope
+        for word in identifiers(hunk.old_lines):
+            if word in out or self.target.index.find(word) or not self.base.index.find(word):
+                continue
+            for alias in aliases_of(word):
+                if alias != word and self.target.index.find(alias):
+                    out[word] = alias
+                    break
+        return out
+
+    def relocate(self, hunk: Hunk, base_sym: Symbol,
+                 tsym: Symbol) -> tuple[int, int, int] | None:
+        """Try the hunk, in the target's spelling, inside `tsym`: (line, offset, fuzz) where it
+        lands, or None."""
+        base_lines = (self.base.text(hunk.path) or "").splitlines()
+        start = _find_block(base_lines, list(hunk.old_lines), hunk.old_start - 1)
+        into = (start + 1 if start is not None else hunk.old_start) - base_sym.start_line
+        return self._trial(hunk, tsym.file, max(1, tsym.start_line + into),
+                           self.renames(hunk, base_sym, tsym),
+                           (tsym.start_line - 3, tsym.end_line + 3))
+
+    def _trial(self, hunk: Hunk, rel: str, old_start: int, names: dict[str, str],
+               span: tuple[int, int] | None) -> tuple[int, int, int] | None:
+        """The hunk with `names` respelled, tried on the target's `rel` from `old_start`:
+        (line, offset, fuzz) where it lands within `span` lines, or None."""
+        current = self._current(rel)
+        if current is None:
+            return None
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b") if names else None
+
+        def spell(line: str) -> str:
+            return pattern.sub(lambda m: names[m.group(1)], line) if pattern else line
+
+        body = [spell(line) for line in hunk.text.splitlines()[1:]]
+        old_len = sum(1 for ln in body if ln[:1] in (" ", "-"))
+        new_len = sum(1 for ln in body if ln[:1] in (" ", "+"))
+        text = (f"--- a/{rel}\n+++ b/{rel}\n"
+                f"@@ -{old_start},{old_len} +{old_start},{new_len} @@\n" + "\n".join(body) + "\n")
+        trial = parse_patch("relocated.patch", text.encode("utf-8", errors="surrogateescape"))
+        with tempfile.TemporaryDirectory(prefix="portkit-relocate-") as tmp:
+            root = Path(tmp)
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(current)
+            with apply_hunks([trial], root, fuzz=FUZZ_LIMIT) as result:
+                landed = result.patches[0].hunks[0]
+        if not landed.landed or landed.line is None:
+            return None
+        if span is not None and not span[0] <= landed.line <= span[1]:
+            return None  # the context is elsewhere: not inside the symbol it went to
+        return landed.line, landed.offset, landed.fuzz
+
+    # -- already there ----------------------------------------------------------------
+
+    def present(self, hunk: Hunk, rel: str, span: tuple[int, int] | None, *,
+                verbatim: bool = True) -> str:
+        """Why the target as upstream has it (its file `rel`, within `span` lines) has the
+        hunk's change already, or "" when it does not: every meaningful added line is there
+        and no removed line is left (`verbatim`); or every name the hunk brings that the base
+        does not have is used there."""
+        text = self.target.text(rel)
+        if text is None:
+            return ""
+        lines = text.splitlines()
+        if span is not None:
+            lines = lines[max(span[0] - 1, 0):span[1]]
+        here = {flat(line) for line in lines}
+        added = _meaningful(hunk.added)
+        removed = [r for r in _meaningful(hunk.removed) if r not in set(added)]
+        if verbatim and added and all(a in here for a in added) \
+                and not any(r in here for r in removed):
+            return f"all {len(added)} added lines are there"
+        known = self.base.words.get(hunk.path, self.base.all_words)
+        new_names = [w for w in identifiers(hunk.added) if w not in known]
+        if not new_names or any(r in here for r in removed):
+            return ""
+        words = set(_IDENT.findall("\n".join(lines)))
+        if all(w in words for w in new_names):
+            return f"it uses {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
+        return ""
+
+    # -- nearest match -----------------------------------------------------------------
+
+    def nearest(self, hunk: Hunk, rel: str, span: tuple[int, int] | None) -> Nearest | None:
+        current = self._current(rel)
+        if current is None:
+            return None
+        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        lo, hi = (max(span[0] - 1, 0), span[1]) if span else (0, len(lines))
+        votes: Counter[int] = Counter()
+        where: dict[str, list[int]] = defaultdict(list)
+        for i in range(lo, min(hi, len(lines))):
+            where[flat(lines[i])].append(i)
+        old = list(hunk.old_lines)
+        for pos, line in enumerate(old):
+            key = flat(line)
+            if len(key) < _MEANINGFUL:
+                continue
+            for i in where.get(key, ()):
+                votes[i - pos] += 1
+        if not votes:
+            return None
+        start, _ = max(votes.items(), key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
+        start = max(start, 0)
+        text = "\n".join(lines[start:start + max(len(old), 1)][:12])
+        return Nearest(rel, start + 1, text)
+
+    def nearest_anywhere(self, hunk: Hunk) -> Nearest | None:
+        """For a hunk whose file is gone: the nearest match in the target file of the same
+        kind that shares the most of its meaningful lines."""
+        wanted = set(_meaningful(hunk.old_lines))
+        if not wanted:
+            return None
+        suffix = Path(hunk.path).suffix
+        best: tuple[int, str] | None = None
+        for rel in self.target.index.files:
+            if not rel.endswith(suffix):
+                continue
+            text = self.target.index.source(rel).decode("utf-8", errors="replace")
+            shared = len(wanted & {flat(x) for x in text.splitlines()})
+            if shared and (best is None or shared > best[0]):
+                best = (shared, rel)
+        return self.nearest(hunk, best[1], None) if best else None
+
+    def _current(self, rel: str) -> bytes | None:
+        """The target's file as the earlier patches of the series left it."""
+        if rel in self.current:
+            return self.current[rel]
+        path = self.target.root / rel
+        return path.read_bytes() if path.is_file() else None
+
+    # -- semantic drift ----------------------------------------------------------------
+
+    def semantic(self, patch: Patch) -> list[SemanticChange]:
+        """The symbols the patch's added lines use whose definition changed in the target."""
+        added = [line for h in patch.hunks for line in h.added]
+        defined_here = set(identifiers(added)) - self.base.all_words
+        receivers: dict[str, set[str]] = defaultdict(set)
+        for line in added:
+            for obj, member in _MEMBER_USE.findall(line):
+                receivers[member].add(obj)
+        out: list[SemanticChange] = []
+        for word in identifiers(added):
+            if word in defined_here:
+                continue
+            change = self.changed(word, receivers.get(word, set()))
+            if change is not None:
+                out.append(change)
+        return out
+
+    def changed(self, word: str, receivers: set[str]) -> SemanticChange | None:
+        """How the symbol(s) called `word` changed in the target, or None. A member used as
+        `obj.word` or `obj->word` is looked for first in the classes whose name ends with
+        the object's (`hparams.n_rot`: llama_hparams::n_rot)."""
+        base_syms = self.base.index.find(word, _USED_KINDS)
+        owned = [s for s in base_syms if s.scope and any(
+            s.scope.rsplit("::", 1)[-1].endswith(r) for r in receivers)]
+        base_syms = sorted(owned or base_syms, key=lambda s: s.kind not in (CLASS, ENUM))
+        if not base_syms:
+            return None
+        target_syms = self.target.index.find(word, _USED_KINDS)
+        if not target_syms:
+            for sym in base_syms:
+                cand, _ = self.located(sym)
+                if cand is not None and cand.symbol.name != word:
+                    return SemanticChange(word, "renamed", f"{sym.qualname} is "
+                                          f"{cand.symbol.qualname} in the target "
+                                          f"({cand.symbol.where}, {cand.strategy})")
+            return SemanticChange(word, "removed", f"{base_syms[0].qualname} "
+                                  f"({base_syms[0].kind} at {base_syms[0].where} in the base) "
+                                  f"is not in the target")
+        by_qual = {canonical(s.qualname): s for s in target_syms}
+        changes = []
+        for sym in base_syms:
+            twin = by_qual.get(canonical(sym.qualname))
+            if twin is None:
+                continue
+            detail = _difference(sym, twin)
+            if not detail:
+                return None  # one meaning of the name is unchanged: no claim on the others
+            kind = "signature" if sym.kind in (FUNCTION, DECLARATION, MACRO) and \
+                twin.kind in (FUNCTION, DECLARATION, MACRO) else "type"
+            changes.append(SemanticChange(word, kind, detail))
+        if changes:
+            return changes[0]
+        if not any(canonical(s.qualname) in by_qual for s in base_syms):
+            sym, twin = base_syms[0], target_syms[0]
+            if sym.kind != twin.kind:
+                return SemanticChange(word, "type", f"{sym.qualname} was a {sym.kind}, the "
+                                      f"target has {twin.qualname}, a {twin.kind}")
+        return None
+
+
+def _difference(old: Symbol, new: Symbol) -> str:
+    """How a symbol's interface changed ("" when it did not)."""
+    if old.kind != new.kind and {old.kind, new.kind} != {FUNCTION, DECLARATION}:
+        return f"{old.qualname} was a {old.kind} ({old.signature()}), is a {new.kind} now " \
+               f"({new.signature()})"
+    if old.kind in (FUNCTION, DECLARATION, MACRO):
+        if [canonical(p) for p in old.params] != [canonical(p) for p in new.params]:
+            return f"{old.signature()} is {new.signature()} now"
+        if old.kind != MACRO and canonical(old.returns) != canonical(new.returns):
+            return f"{old.qualname} returns {new.returns or '?'} now, not {old.returns or '?'}"
+    if old.kind in (FIELD, VARIABLE) and canonical(old.returns) != canonical(new.returns):
+        return f"{old.qualname} is {new.returns} now, not {old.returns}"
+    return ""
+
+
+# -- the whole report --------------------------------------------------------------------
+
+
+@dataclass
+class DriftInput:
+    """What a drift run compares: the series, its base, and the targets (label, tree)."""
+
+    series: Series
+    series_label: str
+    base: Tree | None  # None: the targets' fork is the base, with the series reversed
+    targets: list[tuple[str, Tree]] = field(default_factory=list)
+
+
+def _patterns(series: Series) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*SCOPE, *series.paths)))
+
+
+def drift(job: DriftInput, fork: Tree | None = None) -> DriftReport:
+    """Run drift for every target; the base is `job.base`, or `fork` with the series out."""
+    patterns = _patterns(job.series)
+    if job.base is None and fork is None:
+        raise PortkitError("drift needs the tree the series was written against (--base)")
+    feature = feature_of(job.series)
+    with _base_root(job, fork) as (base_root, base_pin):
+        base = Side("base", base_root, patterns, base_pin)
+        targets = []
+        for label, tree in job.targets:
+            upstream = _upstream(feature, tree) if feature else {}
+            with tree_view(tree) as root:
+                targets.append(_Target(job.series, base, Side(label, root, patterns, tree.pin),
+                                       upstream).run())
+    return DriftReport(job.series_label, tuple(targets))
+
+
+def feature_of(series: Series) -> Feature | None:
+    """The portkit feature a series was rendered from (every subject is one of its manifest's
+    patches), whose manifest then says when a patch is upstream in another form."""
+    subjects = {p.subject for p in series.patches}
+    for manifest in sorted(templates_root().glob("*/manifest.toml")):
+        feature = Feature.load(manifest.parent.name)
+        if subjects and subjects <= {spec.subject for spec in feature.manifest.patches}:
+            return feature
+    return None
+
+
+def _upstream(feature: Feature, tree: Tree) -> dict[str, str]:
+    try:
+        return upstream_patches(feature, feature.resolve(tree))
+    except PortkitError:  # the feature's anchors are not all in this tree: say nothing
+        return {}
+
+
+@contextmanager
+def _base_root(job: DriftInput, fork: Tree | None) -> Iterator[tuple[Path, str | None]]:
+    if job.base is not None:
+        with tree_view(job.base) as root:
+            yield root, job.base.pin
+        return
+    assert fork is not None
+    with reversed_base(job.series, fork) as root:
+        yield root, fork.pin

@@ -1,0 +1,436 @@
+"""Patch series as data: format-patch, quilt and plain series read from real git output,
+written back byte for byte, and new patches rendered exactly as git format-patch renders them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from portkit.errors import PortkitError
+from portkit.series import (
+    OLLAMA,
+    PORTKIT,
+    MailPatch,
+    Series,
+    file_name,
+    format_patch_name,
+    new_patch,
+    parse_patch,
+    read_series,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = ROOT / "patches" / "kv-rotation" / "4227c9be4268ac844921b90f31595f81236bd317"
+GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+# ollama's Makefile.sync
+OLLAMA_OPTIONS = ["--no-signature", "--no-numbered", "--zero-commit"]
+
+
+@dataclass
+class GitRepo:
+    """A throw-away repository, sealed from the user's git configuration."""
+
+    root: Path
+
+    def git(self, *args: str, author: str = "Tess Ter <tess@example.com>") -> bytes:
+        name, email = re.fullmatch(r"(.*) <(.*)>", author).groups()  # type: ignore[union-attr]
+        env = {**os.environ, **GIT_ENV, "GIT_AUTHOR_DATE": "2025-04-08T15:34:37-0700",
+               "GIT_COMMITTER_DATE": "2025-04-08T15:34:37-0700"}
+        return subprocess.run(["git", "-c", f"user.name={name}", "-c", f"user.email={email}",
+                               *args], cwd=self.root, env=env, check=True,
+                              capture_output=True, stdin=subprocess.DEVNULL).stdout
+
+    def commit(self, message: str, files: dict[str, bytes | None],
+               author: str = "Tess Ter <tess@example.com>") -> str:
+        for rel, data in files.items():
+            path = self.root / rel
+            if data is None:
+                self.git("rm", "-q", rel)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            self.git("add", rel)
+        self.git("commit", "-q", "-m", message, author=author)
+        return self.git("rev-parse", "HEAD").decode().strip()
+
+    def format_patch(self, out: Path, *options: str, since: str = "base") -> list[Path]:
+        self.git("format-patch", "-q", "-o", str(out), *options, f"{since}..HEAD")
+        return sorted(out.glob("*.patch"))
+
+
+def cpp(name: str, n: int, tweak: dict[int, str] | None = None) -> bytes:
+    """A small C++ file of n distinct functions, some lines replaced."""
+    lines = [f"// {name}\n", "#include <cstdio>\n", "\n"]
+    for i in range(n):
+        lines += [f"int {name}_{i}(int x) {{\n", f"    return x * {i} + {len(name)};\n", "}\n",
+                  "\n"]
+    for k, text in (tweak or {}).items():
+        lines[k] = text
+    return "".join(lines).encode()
+
+
+def make_history(repo: GitRepo) -> None:
+    """27 commits in the shapes a fork's series has: long and odd subjects, bodies with `---`,
+    created, deleted, renamed and mode-changed files, CRLF and Latin-1 content, no newline at
+    end of file, non-ASCII authors."""
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("initial", {"src/llama.cpp": cpp("llama", 30), "src/graph.cpp": cpp("graph", 20),
+                            "src/old-name.cpp": cpp("old", 5), "ggml/ggml.c": cpp("ggml", 10),
+                            "win/crlf.cpp": cpp("crlf", 6).replace(b"\n", b"\r\n"),
+                            "src/latin.cpp": cpp("latin", 4) + b"// caf\xe9\n",
+                            "src/gone.cpp": cpp("gone", 3)})
+    repo.git("tag", "base")
+    for i in range(14):
+        repo.commit(f"llama: tweak function {i} so that the graph keeps its order when the cache"
+                    f" is rotated ({i})" if i % 3 == 0 else f"tweak {i}",
+                    {"src/llama.cpp": cpp("llama", 30, {4 + 4 * k: f"    return x * {k} + {i};\n"
+                                                        for k in range(i + 1)})})
+    repo.commit("body with separators\n\nThe message has a line of three dashes:\n---\n"
+                "and goes on after it.\n---\nTwice.", {"src/graph.cpp": cpp("graph", 21)})
+    repo.commit("create and delete", {"src/new.h": b"#pragma once\nint f();\n",
+                                      "src/gone.cpp": None})
+    repo.git("mv", "src/old-name.cpp", "src/new-name.cpp")
+    repo.commit("rename with a change", {"src/new-name.cpp": cpp("old", 5, {4: "    return 0;\n"})})
+    (repo.root / "ggml/ggml.c").chmod(0o755)
+    repo.git("add", "ggml/ggml.c")
+    repo.commit("mode change", {})
+    repo.commit("crlf content", {"win/crlf.cpp": cpp("crlf", 6, {5: "    return -1;\n"})
+                                 .replace(b"\n", b"\r\n")})
+    repo.commit("latin-1 content", {"src/latin.cpp": cpp("latin", 4) + b"// na\xefve caf\xe9\n"})
+    repo.commit("no newline at end of file", {"src/new.h": b"#pragma once\nint f();\nint g();"})
+    repo.commit("sübject wïth ümlauts, and long enough that git encodes and folds it twice",
+                {"src/graph.cpp": cpp("graph", 22)}, author="José Müller <jose@example.com>")
+    repo.commit("quoted author", {"src/graph.cpp": cpp("graph", 23)},
+                author="Doe, John <john@example.com>")
+    repo.commit("Averyveryverylongfirstwordthatdoesnotfitonthesubjectlineatallbecauseitislong",
+                {"src/graph.cpp": cpp("graph", 24)})
+    repo.commit("many files at once [ggml] ... a=b?", {
+        "ggml/ggml.c": cpp("ggml", 11),
+        "src/a/very/deep/folder/that/makes/the/diffstat/name/too/long/to/fit/in/it.cpp":
+            cpp("deep", 40),
+        "src/llama.cpp": cpp("llama", 31)})
+    repo.commit("one more", {"src/graph.cpp": cpp("graph", 25)})
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> GitRepo:
+    repo = GitRepo(tmp_path_factory.mktemp("history"))
+    make_history(repo)
+    return repo
+
+
+OPTION_SETS = {
+    "ollama": OLLAMA_OPTIONS,
+    "default": [],
+    "no-stat-signature": ["-p", "--signature=fork 1.0"],
+    "rfc-numbered": ["--subject-prefix=RFC PATCH", "--numbered", "--zero-commit"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(OPTION_SETS))
+def exported(request: pytest.FixtureRequest, history: GitRepo,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    out = tmp_path_factory.mktemp(request.param)
+    history.format_patch(out, *OPTION_SETS[request.param])
+    return request.param, out
+
+
+def test_an_ollama_style_series_round_trips_byte_for_byte(history, tmp_path):
+    written = history.format_patch(tmp_path / "patches", *OLLAMA_OPTIONS)
+    assert len(written) >= 26
+    series = read_series(tmp_path / "patches")
+    assert series.kind == "format-patch"
+    assert [p.name for p in series.patches] == [p.name for p in written]
+    copies = series.write(tmp_path / "copy")
+    assert [c.read_bytes() for c in copies] == [p.read_bytes() for p in written]
+    assert sorted(os.listdir(tmp_path / "copy")) == sorted(os.listdir(tmp_path / "patches"))
+
+
+def test_conventions_are_read_from_the_series(exported):
+    options, folder = exported
+    conv = read_series(folder).conventions
+    flags = OPTION_SETS[options]
+    assert conv.style == "format-patch"
+    assert conv.numbered == ("--no-numbered" not in flags)
+    assert conv.zero_commit == ("--zero-commit" in flags)
+    expected_signature = (None if "--no-signature" in flags
+                          else "fork 1.0" if "--signature=fork 1.0" in flags
+                          else git_version())
+    assert conv.signature == expected_signature
+    assert conv.diffstat == ("-p" not in flags)
+    assert conv.index_lines
+    assert conv.subject_prefix == ("RFC PATCH" if "--subject-prefix=RFC PATCH" in flags
+                                   else "PATCH")
+    assert conv.numbered_names
+    assert conv.next_number == len(list(folder.glob("*.patch"))) + 1
+
+
+def git_version() -> str:
+    out = subprocess.run(["git", "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[2]
+
+
+def test_a_new_patch_is_what_git_format_patch_writes(history, exported):
+    """Subject, body, author and date from git log, the diff from git show: the mail and its
+    file name equal format-patch's, byte for byte, for every commit and option set."""
+    options, folder = exported
+    series = read_series(folder)
+    commits = history.git("rev-list", "--reverse", "base..HEAD").decode().split()
+    assert len(commits) == len(series.patches)
+    for number, (sha, original) in enumerate(zip(commits, series.patches, strict=True), 1):
+        fields = history.git("log", "-1", "--format=%s%x00%b%x00%an <%ae>%x00%aD", sha)
+        subject, body, author, date = fields.decode("utf-8", "surrogateescape").split("\0")
+        diff = history.git("show", "--format=", sha).decode("utf-8", "surrogateescape")
+        made = new_patch(series.conventions, subject=subject, body=body, author=author,
+                         date=date.strip(), diff=diff, number=number,
+                         total=len(series.patches), commit=sha)
+        assert made.name == original.name
+        assert made.data == original.data, original.name
+
+
+def test_patches_say_what_their_mail_says(history, tmp_path):
+    patches = read_series(history_patches(history, tmp_path)).patches
+    by_subject = {p.subject: p for p in patches}
+    dashes = by_subject["body with separators"]
+    assert dashes.body == ("The message has a line of three dashes:\n---\nand goes on after it."
+                           "\n---\nTwice.")
+    assert dashes.stat is not None and "1 file changed" in dashes.stat
+    assert dashes.commit == "0" * 40 and dashes.number is None and dashes.subject_prefix == "PATCH"
+    assert dashes.date == "Tue, 8 Apr 2025 15:34:37 -0700"
+    assert dashes.author == "Tess Ter <tess@example.com>"
+    assert by_subject["quoted author"].author == '"Doe, John" <john@example.com>'
+    umlauts = next(p for p in patches if p.subject.startswith("sübject"))
+    assert umlauts.author == "José Müller <jose@example.com>"
+    assert umlauts.subject == ("sübject wïth ümlauts, and long enough that git encodes and folds"
+                               " it twice")
+    assert {(f.status, f.old_path, f.new_path) for f in
+            by_subject["create and delete"].files} == {("created", None, "src/new.h"),
+                                                       ("deleted", "src/gone.cpp", None)}
+    (renamed,) = by_subject["rename with a change"].files
+    assert (renamed.status, renamed.old_path, renamed.new_path) == (
+        "renamed", "src/old-name.cpp", "src/new-name.cpp")
+    (mode,) = by_subject["mode change"].files
+    assert (mode.header("old mode"), mode.header("new mode"), mode.hunks) == (
+        "100644", "100755", ())
+
+
+def history_patches(history: GitRepo, tmp_path: Path) -> Path:
+    history.format_patch(tmp_path / "patches", *OLLAMA_OPTIONS)
+    return tmp_path / "patches"
+
+
+def test_hunks_hold_the_files_lines_byte_for_byte(history, tmp_path):
+    """Each hunk's old and new lines are the file's lines before and after the commit at the
+    hunk's place: CRLF, Latin-1 and a missing last newline included."""
+    series = read_series(history_patches(history, tmp_path))
+    commits = history.git("rev-list", "--reverse", "base..HEAD").decode().split()
+    checked = 0
+    for sha, patch in zip(commits, series.patches, strict=True):
+        for n, h in enumerate(patch.hunks):
+            assert h.patch_index == n
+            f = next(f for f in patch.files if h in f.hunks)
+            before = blob(history, f"{sha}^", f.old_path)
+            after = blob(history, sha, f.new_path)
+            assert "".join(h.old_lines) == lines_at(before, h.old_start, h.old_len)
+            assert "".join(h.new_lines) == lines_at(after, h.new_start, h.new_len)
+            assert len(h.added) - len(h.removed) == h.new_len - h.old_len
+            assert h.text.startswith(f"@@ -{h.old_start}")
+            checked += 1
+    assert checked >= 25
+
+
+def blob(repo: GitRepo, rev: str, path: str | None) -> str:
+    if path is None:
+        return ""
+    return repo.git("show", f"{rev}:{path}").decode("utf-8", "surrogateescape")
+
+
+def lines_at(text: str, start: int, length: int) -> str:
+    lines = text.split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    first = start - 1 if length else start
+    return "".join(lines[first:first + length])
+
+
+def test_a_crlf_mail_reads_like_the_lf_one(history, tmp_path):
+    folder = history_patches(history, tmp_path)
+    original = read_series(folder).patches[15]
+    crlf = parse_patch(original.name, original.data.replace(b"\n", b"\r\n"))
+    assert crlf.crlf and not original.crlf
+    assert (crlf.subject, crlf.body, crlf.author) == (original.subject, original.body,
+                                                       original.author)
+    assert crlf.hunks == original.hunks
+    assert crlf.data == original.data.replace(b"\n", b"\r\n")
+
+
+def test_a_quilt_folder_follows_its_series_file(history, tmp_path):
+    quilt = tmp_path / "debian" / "patches"
+    mails = history.format_patch(tmp_path / "mails", *OLLAMA_OPTIONS)
+    (quilt / "fixes").mkdir(parents=True)
+    shutil.copy(mails[2], quilt / "fixes" / "third.patch")
+    shutil.copy(mails[0], quilt / "first.patch")
+    plain = history.git("diff", "base~0", "HEAD", "--", "src/graph.cpp")
+    (quilt / "graph.diff").write_bytes(b"Description: the graph, as a plain diff\n"
+                                       b"Author: Deb Ian <deb@example.org>\n---\n" + plain)
+    listing = (b"# applied in this order\nfirst.patch\n\nfixes/third.patch -p1 # a comment\n"
+               b"graph.diff\n")
+    (quilt / "series").write_bytes(listing)
+    (quilt / "unlisted.patch").write_bytes(mails[1].read_bytes())
+    series = read_series(quilt)
+    assert series.kind == "quilt"
+    assert [p.name for p in series.patches] == ["first.patch", "fixes/third.patch", "graph.diff"]
+    graph = series.patches[2]
+    assert not graph.commit and graph.subject == "the graph, as a plain diff"
+    assert graph.author == "Deb Ian <deb@example.org>"
+    assert [f.path for f in graph.files] == ["src/graph.cpp"]
+    written = series.write(tmp_path / "copy")
+    assert {p.relative_to(tmp_path / "copy").as_posix(): p.read_bytes() for p in written} == {
+        name: (quilt / name).read_bytes()
+        for name in ["first.patch", "fixes/third.patch", "graph.diff", "series"]}
+
+
+def test_quilt_strip_levels_name_tree_paths(history, tmp_path):
+    quilt = tmp_path / "q"
+    quilt.mkdir()
+    diff = history.git("diff", "--no-prefix", "base", "HEAD", "--", "src/graph.cpp")
+    (quilt / "p0.diff").write_bytes(diff)
+    (quilt / "series").write_text("p0.diff -p0\n")
+    patch = read_series(quilt).patches[0]
+    assert patch.strip == 0 and [f.path for f in patch.files] == ["src/graph.cpp"]
+
+
+def test_a_plain_diff_patches_one_file_whatever_its_two_names():
+    """Without git's header, `--- x.c.orig` / `+++ x.c` is no rename: GNU patch patches x.c."""
+    patch = parse_patch("orig.diff", b"--- src/x.c.orig\t2020-01-01\n+++ src/x.c\t2020-01-02\n"
+                        b"@@ -1 +1 @@\n-a\n+b\n", strip=0)
+    (f,) = patch.files
+    assert (f.status, f.old_path, f.new_path, f.git) == ("modified", "src/x.c", "src/x.c", False)
+
+
+def test_plain_diffs_make_a_plain_series(history, tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "01-graph.diff").write_bytes(history.git("diff", "base", "HEAD", "--",
+                                                       "src/graph.cpp"))
+    (folder / "02-llama.diff").write_bytes(history.git("diff", "base", "HEAD", "--",
+                                                       "src/llama.cpp"))
+    (folder / "README").write_text("not a patch\n")
+    series = read_series(folder)
+    assert series.kind == "plain"
+    assert [(p.name, p.subject, p.author) for p in series.patches] == [
+        ("01-graph.diff", "", None), ("02-llama.diff", "", None)]
+    assert not series.conventions.numbered_names
+
+
+def test_binary_patches_are_reported_not_parsed(tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", ".")
+    repo.commit("initial", {"a.cpp": cpp("a", 2)})
+    repo.git("tag", "base")
+    repo.commit("a blob", {"model.bin": bytes(range(256)) * 4, "a.cpp": cpp("a", 3)})
+    for options in (["--binary"], ["--no-binary"]):
+        out = tmp_path / options[0]
+        (mail,) = repo.format_patch(out, *options)
+        patch = parse_patch(mail.name, mail.read_bytes())
+        binary = next(f for f in patch.files if f.path == "model.bin")
+        assert binary.binary and not binary.hunks
+        assert [f.path for f in patch.files if not f.binary] == ["a.cpp"]
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "empty patch"),
+    (b"   \n\n", "empty patch"),
+    (b"\x00\xff garbage \x89PNG\r\n", "no diff in it"),
+    (b"From: someone\nSubject: [PATCH] words only\n\nno diff here\n", "no diff in it"),
+    (b"--- a/x.c\n+++ b/x.c\n@@ -1,3 +1,3 @@\n a\n-b\n", "malformed diff"),
+    (b"--- a/x.c\n+++ b/x.c\n@@ -1,2 +1,2 @@\n a\n?b\n", "malformed diff"),
+])
+def test_hostile_patch_files_are_one_line_errors(tmp_path, content, message):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "0001-bad.patch").write_bytes(content)
+    with pytest.raises(PortkitError) as err:
+        read_series(folder)
+    assert message in err.value.message and "0001-bad.patch" in err.value.message
+    assert "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("listing,message", [
+    ("../outside.patch\n", "outside the series folder"),
+    ("/etc/passwd\n", "outside the series folder"),
+    ("link.patch\n", "outside the series folder"),
+    ("missing.patch\n", "does not exist"),
+    ("ok.patch -R\n", "unsupported option -R"),
+])
+def test_hostile_quilt_series_files_are_one_line_errors(history, tmp_path, listing, message):
+    (tmp_path / "outside.patch").write_bytes(b"")
+    folder = tmp_path / "q"
+    folder.mkdir()
+    (folder / "link.patch").symlink_to(tmp_path / "outside.patch")
+    shutil.copy(history_patches(history, tmp_path)
+                / sorted(os.listdir(tmp_path / "patches"))[0], folder / "ok.patch")
+    (folder / "series").write_text(listing)
+    with pytest.raises(PortkitError) as err:
+        read_series(folder)
+    assert message in err.value.message and str(folder / "series") in err.value.message
+
+
+def test_a_folder_without_patches_is_an_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(PortkitError, match="no patches"):
+        read_series(tmp_path)
+    with pytest.raises(PortkitError, match="not a patch series folder"):
+        read_series(tmp_path / "nowhere")
+
+
+def test_portkit_conventions_reproduce_the_committed_series():
+    """MailPatch.render stays what it was: the committed series re-render byte for byte."""
+    series = read_series(COMMITTED)
+    assert series.conventions.style == "portkit"
+    assert series.conventions.signature == PORTKIT.signature
+    total = len(series.patches)
+    for n, patch in enumerate(series.patches, 1):
+        assert patch.author is not None and patch.date is not None
+        made = new_patch(series.conventions, subject=patch.subject, body=patch.body,
+                         author=patch.author, date=patch.date, diff=patch.diff, number=n,
+                         total=total)
+        assert made.data == patch.data and made.name == patch.name
+        legacy = MailPatch(patch.subject, patch.body, patch.diff, patch.author, patch.date)
+        assert legacy.render(n, total).encode() == patch.data
+        assert file_name(n, patch.subject) == patch.name
+
+
+def test_format_patch_names_follow_git(tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", ".")
+    repo.commit("initial", {"a.cpp": cpp("a", 2)})
+    repo.git("tag", "base")
+    subjects = ["fix: the...dots..and--dashes", "  leading spaces and trailing dots...",
+                "x" * 51 + " y", "x" * 52 + "-" + "y", "ümlaut [tag] (paren) a_b", "..."]
+    for i, subject in enumerate(subjects):
+        repo.commit(subject, {"a.cpp": cpp("a", 3 + i)})
+    written = repo.format_patch(tmp_path / "out")
+    assert [p.name for p in written] == [format_patch_name(n, s)
+                                         for n, s in enumerate(subjects, 1)]
+
+
+def test_a_new_patch_in_ollama_style_reads_back(tmp_path):
+    diff = ("diff --git a/src/x.cpp b/src/x.cpp\nindex 1111111..2222222 100644\n"
+            "--- a/src/x.cpp\n+++ b/src/x.cpp\n@@ -1,2 +1,3 @@\n int a;\n+int b;\n int c;\n")
+    patch = new_patch(OLLAMA, subject="add b", body="Why b.", author="Me <me@example.com>",
+                      date="Tue, 8 Apr 2025 15:34:37 -0700", diff=diff, number=27)
+    assert patch.name == "0027-add-b.patch"
+    assert patch.subject == "add b" and patch.body == "Why b." and patch.diff == diff
+    assert patch.commit == "0" * 40 and patch.total is None and patch.signature is None
+    assert patch.text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 ")
+    assert "Subject: [PATCH] add b\n" in patch.text
+    assert Series(tmp_path, "format-patch", (patch,), OLLAMA).write(tmp_path / "o")[0] \
+        .read_bytes() == patch.data
