@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from portkit import tree as tree_mod  # noqa: E402
+from portkit.cache import cache_dir  # noqa: E402
 from tests.reliability.harness import (  # noqa: E402
     APPLY,
     FOLLOW_UPS,
@@ -188,10 +189,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
+    scratch = cache_dir("scratch")  # portkit's private folders: what a SIGKILL leaves there
+    earlier = set(scratch.iterdir())
     with tempfile.TemporaryDirectory(prefix="portkit-kill-") as tmp:
-        scratch = Path(tmp) / "tmp"  # portkit's private folders: what a SIGKILL leaves there
-        scratch.mkdir()
-        os.environ["TMPDIR"] = str(scratch)
         bench = Bench(Path(tmp), opts.version)
         both = (signal.SIGKILL, signal.SIGTERM)
         apply_points, apply_took = bench.points(APPLY, bench.before)
@@ -217,9 +217,9 @@ def main() -> None:
             bench.kills(label, kills, start, git, done, undone)
             total += len(kills)
         total += bench.recovery_kills("recover killed while rolling back")
-        leftovers = [p.name for p in scratch.iterdir()]
-        print(f"kill points tried: {total}; private scratch folders left in TMPDIR by "
-              f"SIGKILL: {len(leftovers)}")
+        leftovers = set(scratch.iterdir()) - earlier
+        print(f"kill points tried: {total}; scratch folders left in {scratch} by SIGKILL "
+              f"(swept after an hour): {len(leftovers)}")
         bench.races(2, opts.trials)
         bench.races(4, opts.trials)
     if bench.failed:

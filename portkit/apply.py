@@ -23,6 +23,7 @@ from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
 from portkit.build import CompileResult, compile_units
+from portkit.cache import cache_dir, scratch, sweep
 from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.proc import git, last_line
 from portkit.record import (
@@ -41,7 +42,6 @@ from portkit.transaction import (
     RemoveFolder,
     TreeFiles,
     Write,
-    scratch_folder,
     settle,
     sha256,
     transaction,
@@ -123,9 +123,11 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
                      reverse: bool = False) -> dict[str, bytes | None]:
     """What each of `files` (relative to `root`) holds once the series `patches` ((name,
     text), in series order) is applied, or taken out with reverse=True; None: it is gone.
-    Worked out on copies in a private folder: `root` is only read."""
-    with scratch_folder() as scratch:
-        work, series = scratch / "tree", scratch / "series"
+    Worked out on copies in a private folder of the cache: `root` is only read."""
+    folders = cache_dir("scratch")
+    sweep(folders)  # what killed processes left
+    with scratch(folders, ".copy-") as private:
+        work, series = private / "tree", private / "series"
         work.mkdir()
         series.mkdir()
         with TreeFiles(root) as tree_files:

@@ -655,48 +655,6 @@ def settle(root: Path, *, writer: bool) -> str | None:
     return recovered_line(root, journal) if journal else None
 
 
-# -- private scratch folders -------------------------------------------------------------------
-
-
-SCRATCH_PREFIX = "portkit-scratch-"
-_IN_USE = ".in-use"
-_STALE_AFTER = 60.0  # seconds: older than any use of a scratch folder, younger than clutter
-
-
-@contextmanager
-def scratch_folder() -> Iterator[Path]:
-    """A private folder under $TMPDIR, removed afterwards. Held by an flock while in use,
-    so that the folders of killed processes are found and swept by later ones."""
-    base = Path(tempfile.gettempdir())
-    _sweep(base)
-    path = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=base))
-    fd = os.open(path / _IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(fd)
-
-
-def _sweep(base: Path) -> None:
-    """Remove scratch folders nobody holds that are older than any use of one."""
-    for path in base.glob(SCRATCH_PREFIX + "*"):
-        try:
-            if time.time() - path.lstat().st_mtime < _STALE_AFTER or path.is_symlink():
-                continue
-            fd = os.open(path / _IN_USE, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue  # gone already, or not ours to judge
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(path, ignore_errors=True)
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(fd)
-
-
 # -- a new folder, all at once ----------------------------------------------------------------
 
 
