@@ -61,10 +61,6 @@ class Record:
     def files(self) -> list[str]:
         return [e.path for e in self.touched]
 
-    @property
-    def series_copies(self) -> list[str]:
-        return [e.path for e in self.copies]
-
 
 def check_feature(feature: str) -> str:
     """A feature's name, which names its record folder: a plain name, never a path."""
@@ -76,10 +72,6 @@ def check_feature(feature: str) -> str:
 def record_rel(feature: str) -> str:
     """The record folder, relative to the tree's root."""
     return f"{RECORD_FOLDER}/{check_feature(feature)}"
-
-
-def record_dir(tree: Tree, feature: str) -> Path:
-    return tree.root / record_rel(feature)
 
 
 def llama_rel(tree: Tree) -> str:
