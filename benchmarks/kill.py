@@ -12,8 +12,9 @@ next command a user would run (recover, tree info, apply --dry-run) must leave t
 exactly as before the command or exactly as a clean run leaves it, with nothing changed
 outside it.
 
-Then --trials races of two and of four writers (apply and reverse mixed) on one tree:
-every exit status must tell the truth about the tree they leave.
+Then --trials races of two and of four writers (apply and reverse mixed) on one tree, and
+of four that will not wait for the lock: every exit status must tell the truth about the
+tree they leave.
 
 Prints the counts and outcomes of each group; exits 1 if any kill or race went wrong.
 """
@@ -145,7 +146,7 @@ class Bench:
             print(line)
         self.failed += len(wrong)
 
-    def races(self, writers: int, trials: int) -> None:
+    def races(self, writers: int, trials: int, wait: str | None = None) -> None:
         mixes = [([APPLY] * writers, "before"), ([REVERSE] * writers, "after"),
                  ([APPLY, REVERSE] * (writers // 2), "before")]
         states = self.states(git=False)
@@ -154,12 +155,14 @@ class Bench:
         for trial in range(trials):
             commands, start = mixes[trial % len(mixes)]
             reset(self.tree, self.before if start == "before" else self.after)
-            result = race(self.tree, commands, states, start)
+            env = environ(PORTKIT_LOCK_WAIT=wait) if wait is not None else None
+            result = race(self.tree, commands, states, start, env=env)
             for r in result.runs:
                 outcomes[_outcome(r.returncode, r.stdout + r.stderr)] += 1
             if not result.truthful:
                 wrong.append(f"    trial {trial}: {result.why}")
-        print(f"{writers} writers: {trials} races, {trials - len(wrong)} truthful; runs: "
+        how = f" (PORTKIT_LOCK_WAIT={wait})" if wait is not None else ""
+        print(f"{writers} writers{how}: {trials} races, {trials - len(wrong)} truthful; runs: "
               f"{dict(outcomes)}")
         for line in wrong:
             print(line)
@@ -222,6 +225,7 @@ def main() -> None:
               f"(swept after an hour): {len(leftovers)}")
         bench.races(2, opts.trials)
         bench.races(4, opts.trials)
+        bench.races(4, opts.trials, wait="0")  # the losers give up at once, naming the holder
     if bench.failed:
         print(f"{bench.failed} kill(s) or race(s) went wrong")
         sys.exit(1)

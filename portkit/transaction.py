@@ -545,24 +545,33 @@ def lock_wait() -> float:
                            f"{os.environ['PORTKIT_LOCK_WAIT']}") from exc
 
 
-def _record_folder(files: TreeFiles, create: bool) -> int:
-    if create:
+def _record_folder(files: TreeFiles) -> int:
+    """An fd of <tree>/.portkit, made if need be."""
+    while True:
         try:
             os.mkdir(RECORD_FOLDER, 0o777, dir_fd=files.fd)
         except FileExistsError:
             pass
         except PermissionError as exc:
             raise TreeError(f"cannot write in {files.root} (read-only)") from exc
-    try:
-        return files.folder([RECORD_FOLDER])
-    except TreeError as exc:
-        raise RecordError(f"{files.root / RECORD_FOLDER} is not a folder (a symbolic link?): "
-                          f"portkit keeps its record there; remove it") from exc
+        try:
+            return files.folder([RECORD_FOLDER])
+        except FileNotFoundError:
+            continue  # a releasing holder removed it (empty) between the two calls
+        except TreeError as exc:
+            raise RecordError(f"{files.root / RECORD_FOLDER} is not a folder (a symbolic "
+                              f"link?): portkit keeps its record there; remove it") from exc
 
 
-def _holder(fd: int) -> str:
-    pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return f"pid {pid}" if pid.isdigit() else "pid unknown"
+def _holder(fd: int, wait: bool) -> str:
+    """The pid the lock's holder wrote into it (it writes it just after taking the lock:
+    with `wait`, give it a moment)."""
+    for _ in range(50 if wait else 1):
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if pid.isdigit():
+            return f"pid {pid}"
+        time.sleep(0.01)
+    return "pid unknown"
 
 
 @contextmanager
@@ -571,7 +580,7 @@ def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
     deadline = time.monotonic() + (lock_wait() if wait is None else wait)
     with TreeFiles(root) as files:
         while True:
-            pfd = _record_folder(files, create=True)
+            pfd = _record_folder(files)
             try:
                 fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=pfd)
@@ -586,10 +595,11 @@ def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
                 raise
             if _locked(fd, pfd):
                 break
-            holder = _holder(fd)
+            give_up = time.monotonic() >= deadline
+            holder = _holder(fd, wait=give_up)
             os.close(fd)
             os.close(pfd)
-            if time.monotonic() >= deadline:
+            if give_up:
                 raise BusyError(f"another portkit is working on this tree ({holder})")
             time.sleep(0.05)
         try:
