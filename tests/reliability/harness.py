@@ -203,6 +203,9 @@ def _check_interrupt_line(run: Run, tree: Path, start: dict[str, str],
     """A process that got SIGTERM says in one line what it left, and it is true."""
     if run.returncode < 0:
         return []  # ended by the signal itself: still starting, nothing to say or undo
+    if run.returncode == 0:  # the signal came as it finished: it must have finished
+        return [] if without_stale_lock(snapshot(tree)) == done else [
+            "exit 0 after the signal, but the change is not complete"]
     lines = run.stderr.strip().splitlines()
     if len(lines) != 1 or not lines[0].startswith("portkit: interrupted (SIG"):
         return [f"not one interrupt line: {run.stderr.strip()[:300]!r}"]
