@@ -1,36 +1,59 @@
 """Stage 5, apply: put a rendered series into a tree, all or nothing, and take it out again.
 
-The series is applied with `git apply` (which checks every hunk before it writes), inside
-a transaction that snapshots every file it may touch and puts them back on any failure.
-What was applied is recorded under <tree>/.portkit/<feature>/ (the series and a state
-file), so that a second run can say "already applied" and --reverse can undo it exactly.
-In an ollama-style fork the series is also written to llama/patches with the next free
-numbers, as the fork's own patches are.
+The patched bytes of every file the series touches are computed first, in a private
+folder (`patched_contents`); only then is the tree written, through one journaled
+transaction (portkit.transaction) that also writes the record: the series and a state
+file under <tree>/.portkit/<feature>/ (portkit.record), so that a second run can say
+"already applied" and --reverse can undo it exactly. In an ollama-style fork the series is
+also written to llama/patches with the next free numbers, as the fork's own patches are.
+Writers hold the tree's lock, and first roll back whatever a killed portkit left.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+import re
+import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import git
+from unidiff.errors import UnidiffParseError
+from unidiff.patch import PatchSet
 
 from portkit.build import CompileResult, compile_units
-from portkit.cache import cache_dir
-from portkit.errors import PortkitError
-from portkit.proc import run
+from portkit.cache import cache_dir, scratch, sweep
+from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
+from portkit.proc import git, last_line
+from portkit.record import (
+    Record,
+    check_feature,
+    in_llama,
+    record_rel,
+    state_json,
+)
+from portkit.record import read_record as read_record  # validate reads records through apply
 from portkit.render import Rendered, render
 from portkit.series import next_number
+from portkit.transaction import (
+    Change,
+    Delete,
+    RemoveFolder,
+    TreeFiles,
+    Write,
+    settle,
+    sha256,
+    transaction,
+    tree_lock,
+)
 from portkit.tree import OLLAMA, Tree, pin_matches
 
 APPLIED, ALREADY, PRESENT, REVERSED, DRY_RUN = (
     "applied", "already applied", "present upstream", "reversed", "dry run")
+
+_PIN = re.compile(r"[0-9a-fA-F]{7,40}")
+_FAILED_AT = re.compile(r"patch failed: (.+):(\d+)$", re.M)
 
 
 @dataclass
@@ -43,63 +66,141 @@ class Outcome:
     compiled: CompileResult | None = None
 
 
-def record_dir(tree: Tree, feature: str) -> Path:
-    return tree.root / ".portkit" / feature
-
-
 def check_pin(tree: Tree, pin: str) -> None:
+    if not _PIN.fullmatch(pin):
+        raise UsageError(f"--pin must be 7 to 40 hex digits of a llama.cpp commit: {pin!r}")
     if tree.pin is None:
-        raise PortkitError(
+        raise TreeError(
             f"cannot tell which llama.cpp commit {tree.root} is at (no Makefile.sync FETCH_HEAD, "
             f"build-info, CHANGELOG or git HEAD); pass --force to skip the pin check")
     if not pin_matches(tree.pin, pin):
-        raise PortkitError(f"the tree is at {tree.pin[:12]} (from {tree.pin_source}), not at the "
-                           f"pin {pin}; pass --force to apply anyway")
+        raise TreeError(f"the tree is at {tree.pin[:12]} (from {tree.pin_source}), not at the "
+                        f"pin {pin}; pass --force to apply anyway")
 
 
-def _scratch_git_dir() -> Path:
-    """An empty repository: git apply works on the llama.cpp root as a plain work tree,
-    whatever repository (a fork's, a submodule link) encloses or sits in it."""
-    path = cache_dir("git") / "apply-scratch.git"
-    if not (path / "HEAD").is_file():
-        run(["git", "init", "--quiet", "--bare", path])
-    return path
+# -- patching in a private folder ------------------------------------------------------------
+
+
+def _conflict(name: str, text: bytes, stderr: str, reverse: bool) -> PortkitError:
+    """git apply's complaint as one line naming the patch, the file and the hunk."""
+    failed = _FAILED_AT.search(stderr)
+    if failed is None:
+        last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
+        if "does not apply" in stderr or "No such file" in stderr or "already exists" in stderr:
+            return ApplyConflict(f"patch {name} does not apply: {last.removeprefix('error: ')}")
+        return PortkitError(f"git apply failed on patch {name}: {last}")
+    path, line = failed.group(1), int(failed.group(2))
+    hunk = "a hunk"
+    try:
+        for patched in PatchSet(text.decode("utf-8", errors="replace")):
+            if patched.path == path:
+                for number, h in enumerate(patched, 1):
+                    if (h.target_start if reverse else h.source_start) == line:
+                        hunk = f"hunk {number} of {len(patched)}"
+    except UnidiffParseError:
+        pass
+    return ApplyConflict(f"patch {name} does not apply to {path}: {hunk} (line {line}) "
+                         f"does not match")
+
+
+def _git_apply_one(root: Path, patch: Path, text: bytes, reverse: bool) -> None:
+    proc = git(["apply", *(["-R"] if reverse else []), "--", patch.resolve()], cwd=root,
+               check=False, ceiling=root.resolve().parent)
+    if proc.returncode != 0:
+        raise _conflict(patch.name, text, proc.stderr or last_line(proc), reverse)
 
 
 def git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None:
-    """`git apply` of a series, in order, with paths relative to `root`. git checks every
-    hunk of every patch before it writes anything. (Its --check mode cannot be used for a
-    series: it checks each patch against the files as they are, not as the earlier
-    patches leave them.)"""
-    args = ["git", f"--git-dir={_scratch_git_dir()}", f"--work-tree={root}",
-            "apply", "--whitespace=nowarn", *(["-R"] if reverse else [])]
-    run([*args, *[p.resolve() for p in patches]], cwd=root)
+    """`git apply` of patch files to the files under `root`, one after the other (a series
+    given reversed with reverse=True takes it out). git checks every hunk of a patch before
+    it writes; no repository around `root` is looked at. For portkit's own copies of a
+    tree: a user's tree is only written through `patched_contents` and a transaction."""
+    for patch in patches:
+        _git_apply_one(root, patch, patch.read_bytes(), reverse)
 
 
-def _check_series(tree: Tree, patches: list[Path], files: list[str], *,
-                  reverse: bool = False) -> None:
-    """Apply the series to a scratch copy of the files it touches: raise if it does not."""
-    with tempfile.TemporaryDirectory(prefix="portkit-check-") as scratch:
-        for rel in files:
-            src = tree.llama_root / rel
-            if src.is_file():
-                (Path(scratch) / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, Path(scratch) / rel)
-        git_apply(Path(scratch), patches, reverse=reverse)
+def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
+                     reverse: bool = False) -> dict[str, bytes | None]:
+    """What each of `files` (relative to `root`) holds once the series `patches` ((name,
+    text), in series order) is applied, or taken out with reverse=True; None: it is gone.
+    Worked out on copies in a private folder of the cache: `root` is only read."""
+    folders = cache_dir("scratch")
+    sweep(folders)  # what killed processes left
+    with scratch(folders, ".copy-") as private:
+        work, series = private / "tree", private / "series"
+        work.mkdir()
+        series.mkdir()
+        with TreeFiles(root) as tree_files:
+            for rel in files:
+                found = tree_files.read(rel)
+                if found is not None:
+                    (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (work / rel).write_bytes(found[0])
+        for name, text in (list(reversed(patches)) if reverse else patches):
+            (series / name).write_bytes(text)
+            _git_apply_one(work, series / name, text, reverse)
+        return {rel: (work / rel).read_bytes() if (work / rel).is_file() else None
+                for rel in files}
+
+
+# -- checks before writing --------------------------------------------------------------------
+
+
+def render_checked(tree: Tree, feature: str) -> Rendered:
+    """render(), with a source that is not UTF-8 reported as such (the series is text)."""
+    try:
+        return render(tree, feature)
+    except UnicodeDecodeError as exc:
+        raise TreeError(f"cannot render {feature}: {_not_utf8(tree, exc)} is not UTF-8 text; "
+                        f"portkit patches UTF-8 sources only") from exc
+
+
+def _not_utf8(tree: Tree, exc: UnicodeDecodeError) -> str:
+    sources = sorted(p for part in ("src", "include") for p in (tree.llama_root / part).rglob("*")
+                     if p.is_file() and not p.is_symlink())
+    contents = {p: p.read_bytes() for p in sources}
+    culprits = [p for p, data in contents.items() if data == exc.object]
+    for path, data in contents.items():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            culprits.append(path)
+    return str(culprits[0].relative_to(tree.llama_root)) if culprits else "a source file"
+
+
+def _enclosing_repository(path: Path) -> bool:
+    return any((folder / ".git").exists() for folder in (path, *path.parents))
 
 
 def _refuse_dirty(tree: Tree, files: list[str]) -> None:
-    try:
-        repo = git.Repo(tree.llama_root, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+    """Refuse files with uncommitted changes in the repository holding the tree. The check
+    only reads: git takes no lock on the index and does not refresh it, and files whose
+    bytes are those of the index are known clean without `git status` (which could run a
+    clean filter or a file-system monitor that the repository's configuration names)."""
+    if not _enclosing_repository(tree.llama_root):
         return
-    top = Path(repo.working_tree_dir or tree.llama_root)
-    paths = [str((tree.llama_root / f).relative_to(top)) for f in files]
-    dirty = repo.git.status("--porcelain", "--", *paths).splitlines()
+    listed = git(["ls-files", "--stage", "-z", "--", *files], cwd=tree.llama_root, check=False)
+    if listed.returncode != 0:
+        if "not a git repository" in listed.stderr:
+            return  # a stray .git (a submodule link whose repository was not shipped)
+        raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
+                        f"git ls-files failed: {last_line(listed)}")
+    staged = {entry.split("\t", 1)[1]: entry.split()[1]
+              for entry in listed.stdout.split("\0") if "\t" in entry}
+    if sorted(staged) == sorted(files) and all((tree.llama_root / f).is_file() for f in files):
+        hashed = git(["hash-object", "--no-filters", "--", *files], cwd=tree.llama_root)
+        if hashed.stdout.split() == [staged[f] for f in files]:
+            return
+    status = git(["status", "--porcelain", "--untracked-files=all", "--", *files],
+                 cwd=tree.llama_root, check=False)
+    if status.returncode != 0:
+        raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
+                        f"git status failed: {last_line(status)}")
+    dirty = status.stdout.splitlines()
     if dirty:
-        raise PortkitError(f"uncommitted changes in {dirty[0][3:]}"
-                           + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
-                           + "; commit or stash them first")
+        raise TreeError(f"uncommitted changes in {dirty[0][3:]}"
+                        + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
+                        + "; commit or stash them first")
 
 
 def _read_only(path: Path) -> bool:
@@ -110,64 +211,34 @@ def _read_only(path: Path) -> bool:
 def _refuse_unwritable(paths: list[Path]) -> None:
     for path in paths:
         if path.exists() and _read_only(path):
-            raise PortkitError(f"cannot write {path} (read-only)")
+            raise TreeError(f"cannot write {path} (read-only)")
         folder = path.parent
         while not folder.exists():
             folder = folder.parent
         if _read_only(folder):
-            raise PortkitError(f"cannot write in {folder} (read-only)")
-
-
-def _restore(path: Path, data: bytes | None) -> None:
-    if data is None:
-        path.unlink(missing_ok=True)
-    elif not path.is_file() or path.read_bytes() != data:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+            raise TreeError(f"cannot write in {folder} (read-only)")
 
 
 @contextmanager
-def transaction(files: list[Path], folders: list[Path]) -> Iterator[None]:
-    """Snapshot `files` and `folders` (existing or not); put them all back on any error."""
-    saved = {f: (f.read_bytes() if f.is_file() else None) for f in files}
-    contents = {d: ({p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
-                    if d.is_dir() else None) for d in folders}
-    try:
+def _writing(tree: Tree) -> Iterator[None]:
+    """Hold the tree's lock, having rolled back what a killed portkit left half done."""
+    with tree_lock(tree.root):
+        line = settle(tree.root, writer=True)
+        if line:
+            print(f"portkit: {line}", file=sys.stderr)
         yield
-    except BaseException:
-        for folder, content in contents.items():
-            if content is None:
-                shutil.rmtree(folder, ignore_errors=True)
-                continue
-            for extra in [p for p in folder.rglob("*") if p.is_file() and p not in content]:
-                extra.unlink()
-            for path, data in content.items():
-                _restore(path, data)
-        for path, original in saved.items():
-            _restore(path, original)
-        raise
 
 
-@dataclass(frozen=True)
-class Record:
-    """What `apply` left in <tree>/.portkit/<feature>/: the series and what it touched."""
-
-    folder: Path
-    files: list[str]
-    series_copies: list[str]
-
-    @property
-    def patches(self) -> list[Path]:
-        return sorted(self.folder.glob("*.patch"))
+# -- apply and reverse ------------------------------------------------------------------------
 
 
-def read_record(tree: Tree, feature: str) -> Record | None:
-    folder = record_dir(tree, feature)
-    state = folder / "state.json"
-    if not state.is_file():
-        return None
-    data = json.loads(state.read_text())
-    return Record(folder, list(data.get("files", [])), list(data.get("series_copies", [])))
+def _texts(record: Record) -> list[tuple[str, str]]:
+    return [(name, text.decode("utf-8", errors="replace")) for name, text in record.series]
+
+
+def _changed_since(feature: str, record: Record, exc: ApplyConflict) -> ApplyConflict:
+    return ApplyConflict(f"{feature} was applied by portkit, but the tree has changed since "
+                         f"({exc.message}); see {record.folder}")
 
 
 def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
@@ -177,19 +248,26 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     With `compile_check`, the translation units the series touches are compiled before the
     transaction ends: a series that does not compile is taken out again.
     """
+    check_feature(feature)
+    if dry_run:
+        return _apply(tree, feature, pin=pin, force=force, dry_run=True, compile_check=False)
+    with _writing(tree):
+        return _apply(tree, feature, pin=pin, force=force, dry_run=False,
+                      compile_check=compile_check)
+
+
+def _apply(tree: Tree, feature: str, *, pin: str | None, force: bool, dry_run: bool,
+           compile_check: bool) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
-    record = record_dir(tree, feature)
     previous = read_record(tree, feature)
     if previous is not None:
         try:
-            _check_series(tree, list(reversed(previous.patches)), previous.files, reverse=True)
-        except PortkitError as exc:
-            raise PortkitError(f"{feature} was applied by portkit, but the tree has changed since "
-                               f"({exc.message}); see {record}") from exc
-        return Outcome(ALREADY, [(p.name, p.read_text()) for p in previous.patches],
-                       previous.files)
-    rendered = render(tree, feature)
+            patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
+        except ApplyConflict as exc:
+            raise _changed_since(feature, previous, exc) from exc
+        return Outcome(ALREADY, _texts(previous), previous.files)
+    rendered = render_checked(tree, feature)
     if rendered.present_upstream:
         return Outcome(PRESENT, rendered=rendered)
     files = rendered.files()
@@ -200,17 +278,18 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     _refuse_dirty(tree, files)
     copies = [tree.series_dir / name for name, _ in mails] if tree.series_dir else []
     _refuse_unwritable([tree.llama_root / f for f in files] + copies)
-    with transaction([tree.llama_root / f for f in files] + copies, [tree.root / ".portkit"]):
-        record.mkdir(parents=True, exist_ok=True)
-        for name, text in mails:
-            (record / name).write_text(text)
-        git_apply(tree.llama_root, sorted(record.glob("*.patch")))
-        for copy, (_, text) in zip(copies, mails, strict=False):  # no copies outside a fork
-            copy.write_text(text)
-        (record / "state.json").write_text(json.dumps({
-            "feature": feature, "pin": tree.pin, "files": files,
-            "series_copies": [str(c.relative_to(tree.root)) for c in copies],
-        }, indent=2) + "\n")
+    series = [(name, text.encode()) for name, text in mails]
+    patched = patched_contents(tree.llama_root, files, series)
+    copy_rels = [c.relative_to(tree.root).as_posix() for c in copies]
+    record = record_rel(feature)
+    changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None
+                             else Delete(in_llama(tree, rel)) for rel, data in patched.items()]
+    changes += [Write(rel, data) for rel, (_, data) in zip(copy_rels, series, strict=False)]
+    changes += [Write(f"{record}/{name}", data) for name, data in series]
+    touched = {rel: data for rel, data in patched.items() if data is not None}
+    changes.append(Write(f"{record}/state.json",
+                         state_json(tree, feature, series, touched, copy_rels)))
+    with transaction(tree.root, f"apply of {feature}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
 
@@ -218,25 +297,55 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
 def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
             dry_run: bool = False) -> Outcome:
     """Take out a series that `apply` put in, restoring the tree byte for byte."""
+    check_feature(feature)
+    if dry_run:
+        return _reverse(tree, feature, pin=pin, force=force, dry_run=True)
+    with _writing(tree):
+        return _reverse(tree, feature, pin=pin, force=force, dry_run=False)
+
+
+def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
+             dry_run: bool) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
     record = read_record(tree, feature)
     if record is None:
-        raise PortkitError(f"{feature} is not applied to this tree "
-                           f"(no record in {record_dir(tree, feature)})")
-    recorded = record.patches
-    files = record.files
-    copies = [tree.root / c for c in record.series_copies]
-    mails = [(p.name, p.read_text()) for p in recorded]
+        raise TreeError(f"{feature} is not applied to this tree "
+                        f"(no record in {tree.root / record_rel(feature)})")
+    mails = _texts(record)
     if dry_run:
-        return Outcome(DRY_RUN, mails, files)
-    _refuse_unwritable([tree.llama_root / f for f in files])
-    with transaction([tree.llama_root / f for f in files] + copies, [tree.root / ".portkit"]):
-        git_apply(tree.llama_root, list(reversed(recorded)), reverse=True)
-        for copy in copies:
-            copy.unlink(missing_ok=True)
-        shutil.rmtree(record.folder)
-        portkit_dir = tree.root / ".portkit"
-        if portkit_dir.is_dir() and not any(portkit_dir.iterdir()):
-            portkit_dir.rmdir()
-    return Outcome(REVERSED, mails, files, [str(c) for c in copies])
+        return Outcome(DRY_RUN, mails, record.files)
+    present = _refuse_edited_copies(tree, record)
+    _refuse_unwritable([tree.llama_root / f for f in record.files])
+    try:
+        restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
+    except ApplyConflict as exc:
+        raise _changed_since(feature, record, exc) from exc
+    folder = record_rel(feature)
+    changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None
+                             else Delete(in_llama(tree, rel)) for rel, data in restored.items()]
+    changes += [Delete(rel) for rel in present]
+    changes += [Delete(f"{folder}/{name}") for name, _ in record.series]
+    changes += [Delete(f"{folder}/state.json"), RemoveFolder(folder)]
+    with transaction(tree.root, f"reverse of {feature}", changes):
+        pass
+    return Outcome(REVERSED, mails, record.files, [str(tree.root / c) for c in present])
+
+
+def _refuse_edited_copies(tree: Tree, record: Record) -> list[str]:
+    """The series copies still in the fork's llama/patches, refusing any edited since."""
+    originals = dict(record.series)
+    present = []
+    with TreeFiles(tree.root) as files:
+        for copy in record.copies:
+            found = files.read(copy.path)
+            if found is None:
+                continue  # taken out of the series by hand already
+            name = copy.path.rsplit("/", 1)[-1]
+            expected = copy.sha256 or (sha256(originals[name]) if name in originals else None)
+            if sha256(found[0]) != expected:
+                raise TreeError(f"{tree.root / copy.path} was edited since portkit added it to "
+                                f"the series; restore it or take it out of the series yourself, "
+                                f"then run --reverse again")
+            present.append(copy.path)
+    return present

@@ -1,54 +1,110 @@
-"""The portkit command line: a thin layer over the pipeline stages."""
+"""The command line: a thin layer over the pipeline stages, and the one place that turns
+every failure into one line on stderr and its exit code (docs/exit-codes.md)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
 
 import click
+from git.exc import GitCommandNotFound
 
 from portkit import __version__
 from portkit import apply as apply_mod
 from portkit import tree as tree_mod
 from portkit import validate as validate_mod
-from portkit.errors import PortkitError
+from portkit.errors import (
+    AnchorError,
+    GitMissing,
+    Interrupted,
+    PortkitError,
+    UsageError,
+)
 from portkit.features import DEFAULT_FEATURE, Feature, resolve_feature
-from portkit.render import PRESENT, Rendered, render, write_series
+from portkit.render import PRESENT, Rendered
 from portkit.report import emit_json, emit_table
+from portkit.transaction import interrupt_note, publish_folder, recover, recovered_line, settle
+from portkit.transaction import tree_lock as lock_tree
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted like Ctrl-C does, so that a transaction that is
+    under way rolls back before the process ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_interrupted) for s in _STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_for(exc: BaseException) -> NoReturn:
+    """Print the one line a failure deserves and exit with its code; anything that is not a
+    PortkitError is a bug in portkit: exit 70 (PORTKIT_DEBUG=1 shows the trace)."""
+    if isinstance(exc, KeyboardInterrupt | click.Abort):
+        exc = Interrupted(signal.SIGINT)
+    elif isinstance(exc, GitCommandNotFound):
+        exc = GitMissing("git not found: install git, or put it on PATH")
+    if isinstance(exc, Interrupted):
+        click.echo(f"portkit: {exc.message}; {interrupt_note()}", err=True)
+        sys.exit(exc.exit_code)
+    if isinstance(exc, PortkitError):
+        click.echo(f"portkit: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    if isinstance(exc, OSError):
+        click.echo(f"portkit: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+                   err=True)
+        sys.exit(1)
+    if isinstance(exc, SystemExit | click.exceptions.Exit | click.ClickException):
+        raise exc
+    if os.environ.get("PORTKIT_DEBUG"):
+        raise exc
+    click.echo(f"portkit: internal error ({type(exc).__name__}: {exc}); "
+               f"rerun with PORTKIT_DEBUG=1 and report it", err=True)
+    sys.exit(70)
+
 
 def fails_cleanly(fn: F) -> F:
-    """Turn any failure into one line on stderr and a non-zero exit code.
-
-    PortkitError carries its own message and code; an OSError (a permission, a full disk)
-    exits 1; anything else is a bug in portkit: exit 70 (PORTKIT_DEBUG=1 shows the trace).
-    """
+    """Turn any failure of a command into one line on stderr and its exit code."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PortkitError as exc:
-            click.echo(f"portkit: {exc.message}", err=True)
-            sys.exit(exc.exit_code)
-        except OSError as exc:
-            click.echo(f"portkit: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
-                       err=True)
-            sys.exit(1)
-        except Exception as exc:
-            if os.environ.get("PORTKIT_DEBUG"):
-                raise
-            click.echo(f"portkit: internal error ({type(exc).__name__}: {exc}); "
-                       f"rerun with PORTKIT_DEBUG=1 and report it", err=True)
-            sys.exit(70)
+        with _signals_interrupt():
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:  # Ctrl-C and SIGTERM end in one line too
+                exit_for(exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+def open_tree(path: Path) -> tree_mod.Tree:
+    """Detect the tree at `path`, having rolled back what a killed portkit left half done."""
+    info = tree_mod.detect(path)
+    line = settle(info.root, writer=False)
+    if line:
+        click.echo(f"portkit: {line}", err=True)
+    return info
 
 
 TREE_OPTION = click.option(
@@ -93,6 +149,8 @@ def tree_fetch(spec: str, into: Path | None) -> None:
     The cache is $PORTKIT_CACHE, or ~/.cache/portkit. Patch a copy (--into), never the
     cached tree itself.
     """
+    if Path(spec).is_dir():
+        open_tree(Path(spec))  # never copy a half-written tree
     path = tree_mod.fetch(spec)
     click.echo(tree_mod.copy_tree(path, into) if into else path)
 
@@ -104,7 +162,7 @@ def tree_fetch(spec: str, into: Path | None) -> None:
 @fails_cleanly
 def tree_info(path: Path, fmt: str) -> None:
     """Tell the layout, source roots, patch series and pin of the tree at PATH."""
-    info = tree_mod.detect(path)
+    info = open_tree(path)
     if fmt == "json":
         emit_json(info.as_json())
         return
@@ -129,7 +187,7 @@ def anchors_cmd(tree_path: Path, feature: str, fmt: str) -> None:
     structure (what it calls and contains), similarity (its body resembles the spec's).
     Exits 3 when an anchor is ambiguous or missing.
     """
-    info = tree_mod.detect(tree_path)
+    info = open_tree(tree_path)
     _, resolutions = resolve_feature(info, feature)
     if fmt == "json":
         emit_json({"tree": info.as_json(), "feature": feature,
@@ -149,7 +207,7 @@ def anchors_cmd(tree_path: Path, feature: str, fmt: str) -> None:
     if errors:
         click.echo(f"portkit: {len(errors)} anchor(s) unresolved; first: {errors[0].note}",
                    err=True)
-        sys.exit(3)
+        sys.exit(AnchorError.exit_code)
 
 
 FEATURE_OPTION = click.option("--feature", default=DEFAULT_FEATURE, show_default=True,
@@ -181,17 +239,29 @@ def render_cmd(tree_path: Path, feature: str, out: Path) -> None:
     """Render a feature as a numbered git-am patch series for a tree.
 
     The tree is only read. Patches already present upstream are left out, and so are
-    patches whose anchor does not exist in this tree ("not applicable").
+    patches whose anchor does not exist in this tree ("not applicable"). OUT is made at
+    once, all patches or none; an OUT that exists must be empty (or hold this very
+    series already).
     """
-    info = tree_mod.detect(tree_path)
-    rendered = render(info, feature)
+    info = open_tree(tree_path)
+    rendered = apply_mod.render_checked(info, feature)
     if rendered.present_upstream:
         click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {info.pin or '?'}): "
                    f"nothing rendered")
         _explain(rendered)
         return
-    written = write_series(rendered, out)
-    click.echo(f"rendered {len(written)} patch(es) of {feature} for llama.cpp "
+    series = {name: text.encode() for name, text in rendered.mails()}
+    if out.is_dir() and any(out.iterdir()):
+        held = {p.name: p.read_bytes() if p.is_file() and not p.is_symlink() else None
+                for p in out.iterdir()}
+        if held != series:
+            raise UsageError(f"{out} is not empty and does not hold this series: give a new "
+                             f"or empty folder")
+    elif out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is not a folder")
+    else:
+        publish_folder(out, series)
+    click.echo(f"rendered {len(series)} patch(es) of {feature} for llama.cpp "
                f"{(info.pin or '?')[:12]} into {out}:")
     _explain(rendered)
 
@@ -221,9 +291,9 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
     applied"; a tree where upstream already has the feature is left alone. In an
     ollama-style fork the series is also added to llama/patches with the next numbers.
     """
-    info = tree_mod.detect(tree_path)
+    info = open_tree(tree_path)
     if pin is None and not force:
-        raise PortkitError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
+        raise UsageError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
     if reverse:
         outcome = apply_mod.reverse(info, feature, pin=pin, force=force, dry_run=dry_run)
     else:
@@ -300,7 +370,7 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     Builds, models and run logs are cached: validating an unchanged tree again is quick.
     Exits 1 when a check fails.
     """
-    info = tree_mod.detect(tree_path)
+    info = open_tree(tree_path)
     port = Feature.load(feature)
     spec = reference or port.validation.reference
     ref = None if published or spec is None else tree_mod.detect(tree_mod.fetch(spec))
@@ -316,5 +386,35 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
         sys.exit(1)
 
 
+@cli.command("recover")
+@TREE_OPTION
+@fails_cleanly
+def recover_cmd(tree_path: Path) -> None:
+    """Roll back what an interrupted portkit left half done in the tree.
+
+    Every portkit command does this first anyway; this one does only that, and waits
+    for a portkit still working on the tree (PORTKIT_LOCK_WAIT seconds) to finish.
+    """
+    root = tree_mod.detect(tree_path).root
+    journal = None
+    if (root / ".portkit").exists() or (root / ".portkit").is_symlink():
+        with lock_tree(root):
+            journal = recover(root)
+    click.echo(recovered_line(root, journal) if journal else f"nothing to recover in {root}")
+
+
 def main() -> None:
-    cli()
+    """The `portkit` program: click's own failures (usage, Ctrl-C) in portkit's format too."""
+    try:
+        with _signals_interrupt():
+            code = cli.main(prog_name="portkit", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "portkit"
+        click.echo(f"portkit: {exc.format_message().rstrip('.')} (see {where} --help)", err=True)
+        sys.exit(UsageError.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"portkit: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except BaseException as exc:  # Ctrl-C outside a command too
+        exit_for(exc)
+    sys.exit(code if isinstance(code, int) else 0)

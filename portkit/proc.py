@@ -1,12 +1,28 @@
-"""The one way portkit runs a subprocess."""
+"""The one way portkit runs a subprocess, and the one way it runs git.
+
+No subprocess reads portkit's standard input (a command that would wait for it gets an
+empty one instead). Every git call goes through `git()`, which seals git off from the
+user's and the system's configuration and from GIT_* variables of the calling
+environment, so that what portkit computes with git does not depend on who runs it.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from portkit.errors import PortkitError
+from portkit.errors import GitMissing, PortkitError
+from portkit.transaction import checkpoint
+
+# Settings that decide the bytes git reads and writes, or what it may run on its own:
+# line endings are never converted, no file-system monitor or hook is started.
+GIT_SETTINGS = (
+    "core.autocrlf=false", "core.eol=lf", "core.safecrlf=false", "core.fsmonitor=false",
+    "core.hooksPath=" + os.devnull, "core.quotePath=false", "apply.whitespace=nowarn",
+)
 
 
 def run(
@@ -19,18 +35,68 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """Run a command; on failure raise a PortkitError naming it and its last output line."""
     argv = [str(a) for a in args]
+    name = command_name(argv)
     try:
-        proc = subprocess.run(
-            argv, cwd=cwd, env=env, text=True, capture_output=capture, check=False
-        )
+        with subprocess.Popen(
+            argv, cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+        ) as child:
+            try:
+                checkpoint(f"run:{name}")
+                stdout, stderr = child.communicate()
+            except BaseException:
+                child.kill()  # an interrupt ends the child too
+                raise
     except FileNotFoundError as exc:
+        if Path(argv[0]).name == "git":
+            raise GitMissing("git not found: install git, or put it on PATH") from exc
         raise PortkitError(f"command not found: {argv[0]}") from exc
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        out = (proc.stderr or "") + (proc.stdout or "")
-        last = next((ln for ln in reversed(out.strip().splitlines()) if ln.strip()), "")
-        name = " ".join(a for a in argv[:4] if not a.startswith("--"))
-        raise PortkitError(f"{name} failed (exit {proc.returncode}): {last}")
+        raise PortkitError(f"{name} failed (exit {proc.returncode}): {last_line(proc)}")
     return proc
+
+
+def command_name(argv: list[str]) -> str:
+    """The program and its first words, without options: `git apply`, `cmake /src`."""
+    words: list[str] = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-") and (i == 0 or argv[i - 1] != "-c"):
+            words.append(Path(arg).name if i == 0 else arg)
+            if len(words) == 2:
+                break
+    return " ".join(words)
+
+
+def last_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The last non-blank line a command printed (stderr first: where errors go)."""
+    out = (proc.stderr or "") + (proc.stdout or "")
+    return next((ln.strip() for ln in reversed(out.strip().splitlines()) if ln.strip()), "")
+
+
+def git_env(ceiling: Path | None = None) -> dict[str, str]:
+    """The environment of every git call: no GIT_* variable of the caller (a hook's GIT_DIR
+    would redirect it), no global or system configuration, no optional index writes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", GIT_OPTIONAL_LOCKS="0",
+               GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    if ceiling is not None:  # never look for a repository at or above this folder
+        env["GIT_CEILING_DIRECTORIES"] = str(ceiling)
+    return env
+
+
+def git(args: Sequence[str | Path], *, cwd: Path, check: bool = True,
+        ceiling: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `git ARGS` in `cwd`, sealed from the user's configuration (see GIT_SETTINGS).
+
+    With `ceiling`, git finds no repository enclosing `cwd` (it works on plain files).
+    """
+    if shutil.which("git") is None:
+        raise GitMissing("git not found: install git, or put it on PATH")
+    settings = [arg for setting in GIT_SETTINGS for arg in ("-c", setting)]
+    return run(["git", "--no-optional-locks", *settings, *args], cwd=cwd, check=check,
+               env=git_env(ceiling))
 
 
 def stream(
@@ -45,10 +111,15 @@ def stream(
     (for a progress display); return its exit code."""
     argv = [str(a) for a in args]
     with log.open("w") as out, subprocess.Popen(
-        argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        argv, cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            on_line(line.rstrip("\n"))
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                on_line(line.rstrip("\n"))
+        except BaseException:
+            proc.kill()  # an interrupt ends the build too, instead of waiting for it
+            raise
         return proc.wait()

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from portkit import apply as apply_mod
 from portkit.cli import cli
-from portkit.errors import PortkitError
+from portkit.errors import PortkitError, TreeError
 from portkit.render import NOT_APPLICABLE, PRESENT, RENDERED, render
 from portkit.tree import detect
 
@@ -158,7 +158,7 @@ def test_wrong_pin_names_both_commits(registry_tree, tmp_path):
     tree = sdist_copy(registry_tree, "0.3.17", tmp_path / "t")
     before = snapshot(tree)
     result = invoke("apply", "--pin", "7049736b", "--tree", str(tree))
-    assert result.exit_code == 1
+    assert result.exit_code == TreeError.exit_code == 4
     assert result.output.strip() == ("portkit: the tree is at 49bfddeca18e (from CHANGELOG.md), "
                                      "not at the pin 7049736b; pass --force to apply anyway")
     assert snapshot(tree) == before
@@ -178,7 +178,8 @@ def test_present_upstream_changes_nothing(registry_tree, tmp_path):
 def test_reverse_of_a_tree_never_patched_is_an_error(registry_tree, tmp_path):
     tree = sdist_copy(registry_tree, "0.3.17", tmp_path / "t")
     result = invoke("apply", "--pin", pin_of(tree), "--tree", str(tree), "--reverse")
-    assert result.exit_code == 1 and "is not applied to this tree" in result.output
+    assert result.exit_code == TreeError.exit_code
+    assert "is not applied to this tree" in result.output
 
 
 def test_ollama_fork_gets_the_series_in_llama_patches(registry_tree, tmp_path):
@@ -220,7 +221,7 @@ def test_read_only_file_fails_cleanly(registry_tree, tmp_path):
     graph.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     before = snapshot(tree)
     result = invoke("apply", "--pin", pin_of(tree), "--tree", str(tree))
-    assert result.exit_code == 1
+    assert result.exit_code == TreeError.exit_code
     assert result.output == f"portkit: cannot write {graph} (read-only)\n"
     assert snapshot(tree) == before
 
@@ -250,7 +251,7 @@ def test_dirty_git_checkout_is_refused(registry_tree, tmp_path):
         (work / "src" / "llama-graph.cpp").read_text() + "// local work in progress\n")
     before = snapshot(work)
     result = invoke("apply", "--pin", repo.head.commit.hexsha[:8], "--tree", str(work))
-    assert result.exit_code == 1
+    assert result.exit_code == TreeError.exit_code
     assert result.output == ("portkit: uncommitted changes in src/llama-graph.cpp; "
                              "commit or stash them first\n")
     assert snapshot(work) == before

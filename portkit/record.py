@@ -1,0 +1,227 @@
+"""The record `apply` leaves in <tree>/.portkit/<feature>/, read as untrusted input.
+
+state.json (schema portkit-record/2) names the feature, the pin, the series' patch files
+with their sha256, the files the series touches with the sha256 each had after the apply,
+and the copies of the series put into an ollama-style fork's llama/patches with theirs.
+The patches themselves sit beside it. Reading a record checks all of it: every path is
+relative and stays inside the tree (no `..`, nothing absolute, no symbolic link on the
+way, .portkit included), every patch is there with its recorded checksum. Anything else is
+a RecordError naming the record: portkit never acts on a record it cannot trust.
+
+The first, unversioned state.json (feature, pin, files, series_copies; the patches found
+beside it) is still read, with the numbering of the patches' subjects standing in for the
+missing list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from portkit.errors import RecordError, TreeError, UsageError
+from portkit.transaction import RECORD_FOLDER, TreeFiles, path_parts, sha256
+from portkit.tree import Tree
+
+SCHEMA = "portkit-record/2"
+STATE = "state.json"
+
+_FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]{1,200}\.patch")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SUBJECT = re.compile(r"^Subject: \[PATCH(?: (\d+)/(\d+))?\]", re.M)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A path with the sha256 its file must have (None: not recorded, a first-format record)."""
+
+    path: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A checked record: what `apply` put into the tree, and the series it applied."""
+
+    folder: Path
+    feature: str
+    pin: str | None
+    series: list[tuple[str, bytes]]  # (patch file name, its bytes), in order
+    touched: list[Entry]  # relative to the llama.cpp root; sha256 after the apply
+    copies: list[Entry]  # relative to the tree's root
+
+    @property
+    def patches(self) -> list[Path]:
+        return [self.folder / name for name, _ in self.series]
+
+    @property
+    def files(self) -> list[str]:
+        return [e.path for e in self.touched]
+
+
+def check_feature(feature: str) -> str:
+    """A feature's name, which names its record folder: a plain name, never a path."""
+    if not _FEATURE.fullmatch(feature):
+        raise UsageError(f"not a feature name: {feature!r} (letters, digits, '.', '_', '-')")
+    return feature
+
+
+def record_rel(feature: str) -> str:
+    """The record folder, relative to the tree's root."""
+    return f"{RECORD_FOLDER}/{check_feature(feature)}"
+
+
+def llama_rel(tree: Tree) -> str:
+    """The llama.cpp root relative to the tree's root, '' when they are one."""
+    rel = tree.llama_root.relative_to(tree.root).as_posix()
+    return "" if rel == "." else rel
+
+
+def in_llama(tree: Tree, rel: str) -> str:
+    """A path relative to the llama.cpp root, made relative to the tree's root."""
+    prefix = llama_rel(tree)
+    return f"{prefix}/{rel}" if prefix else rel
+
+
+def state_json(tree: Tree, feature: str, series: list[tuple[str, bytes]],
+               touched: dict[str, bytes], copies: list[str]) -> bytes:
+    """state.json of a record: `touched` maps each file (relative to the llama.cpp root) to
+    its bytes after the apply; `copies` are relative to the tree's root."""
+    by_name = dict(series)
+    return json.dumps({
+        "schema": SCHEMA,
+        "feature": feature,
+        "pin": tree.pin,
+        "patches": [{"name": name, "sha256": sha256(data)} for name, data in series],
+        "files": [{"path": rel, "sha256": sha256(data)} for rel, data in sorted(touched.items())],
+        "series_copies": [{"path": rel, "sha256": sha256(by_name[rel.rsplit("/", 1)[-1]])}
+                          for rel in copies],
+    }, indent=2).encode() + b"\n"
+
+
+class _Reader:
+    def __init__(self, tree: Tree, feature: str, files: TreeFiles) -> None:
+        self.tree = tree
+        self.feature = feature
+        self.files = files
+        self.rel = record_rel(feature)
+        self.state = tree.root / self.rel / STATE
+
+    def bad(self, what: str) -> RecordError:
+        return RecordError(f"bad record {self.state}: {what}; portkit will not act on it "
+                           f"(restore it, or move {self.state.parent} out of the tree if the "
+                           f"tree is not patched)")
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            found = self.files.read(rel)
+        except TreeError as exc:
+            raise self.bad(exc.message) from exc
+        return None if found is None else found[0]
+
+    def path(self, value: Any, what: str) -> str:
+        if not isinstance(value, str):
+            raise self.bad(f"{what} is not a path: {value!r}")
+        try:
+            path_parts(value)
+        except RecordError as exc:
+            raise self.bad(f"{what}: {exc.message}") from exc
+        return value
+
+    def entry(self, value: Any, what: str, key: str = "path") -> Entry:
+        if isinstance(value, str):  # the first format: paths only
+            return Entry(self.path(value, what), None)
+        if not isinstance(value, dict) or not _SHA256.fullmatch(str(value.get("sha256"))):
+            raise self.bad(f"{what} is not a {{{key}, sha256}} entry: {value!r}")
+        return Entry(self.path(value.get(key), what), value["sha256"])
+
+    def copy(self, entry: Entry) -> Entry:
+        series = self.tree.series_dir
+        folder = series.relative_to(self.tree.root).as_posix() if series else None
+        name = entry.path.rsplit("/", 1)[-1]
+        if folder is None or entry.path != f"{folder}/{name}" or not _PATCH_NAME.fullmatch(name):
+            raise self.bad(f"series copy {entry.path} is not a patch file of this tree's series "
+                           f"folder ({folder or 'none'})")
+        return entry
+
+    def series(self, data: dict[str, Any]) -> list[tuple[str, bytes]]:
+        if "schema" in data:
+            listed = data.get("patches")
+            if not isinstance(listed, list):
+                raise self.bad("no list of patches")
+            entries = [self.entry(p, "a patch", key="name") for p in listed]
+        else:
+            entries = [Entry(p.name, None) for p in sorted((self.tree.root / self.rel).iterdir())
+                       if p.name.endswith(".patch")]
+        if not entries:
+            raise self.bad("it lists no patches")
+        out = []
+        for entry in entries:
+            if not _PATCH_NAME.fullmatch(entry.path):
+                raise self.bad(f"{entry.path!r} is not a patch file name")
+            text = self.read(f"{self.rel}/{entry.path}")
+            if text is None:
+                raise self.bad(f"patch {entry.path} is missing")
+            if entry.sha256 is not None and sha256(text) != entry.sha256:
+                raise self.bad(f"patch {entry.path} is not the one applied (sha256 differs)")
+            out.append((entry.path, text))
+        if "schema" not in data:
+            self.numbering(out)
+        return out
+
+    def numbering(self, series: list[tuple[str, bytes]]) -> None:
+        """A first-format record lists no patches: its [PATCH k/n] subjects must be 1..n."""
+        tags = []
+        for name, text in series:
+            m = _SUBJECT.search(text.decode("utf-8", errors="replace"))
+            if m is None:
+                raise self.bad(f"patch {name} has no [PATCH] subject")
+            tags.append((int(m.group(1) or 1), int(m.group(2) or 1)))
+        total = len(series)
+        if sorted(tags) != [(k, total) for k in range(1, total + 1)]:
+            raise self.bad(f"its patches are not a whole series ({total} of "
+                           f"{max(n for _, n in tags)})")
+
+    def record(self) -> Record | None:
+        raw = self.read(f"{self.rel}/{STATE}")
+        if raw is None:
+            try:
+                planted = self.files.exists(self.rel)
+            except TreeError as exc:
+                raise self.bad(exc.message) from exc
+            if planted:  # a transaction makes the folder and its state.json together
+                raise self.bad("its folder is there without state.json")
+            return None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise self.bad("not UTF-8") from exc
+        except ValueError as exc:
+            raise self.bad(f"not JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise self.bad("not a JSON object")
+        schema = data.get("schema")
+        if schema is not None and schema != SCHEMA:
+            raise self.bad(f"unknown schema {schema!r} (this portkit reads {SCHEMA})")
+        if data.get("feature") != self.feature:
+            raise self.bad(f"it is the record of {data.get('feature')!r}, not {self.feature!r}")
+        pin = data.get("pin")
+        if pin is not None and not isinstance(pin, str):
+            raise self.bad(f"pin is not a string: {pin!r}")
+        files, copies = data.get("files"), data.get("series_copies", [])
+        if not isinstance(files, list) or not files or not isinstance(copies, list):
+            raise self.bad("files and series_copies must be lists (files not empty)")
+        touched = [self.entry(f, "a touched file") for f in files]
+        for entry in touched:
+            self.path(in_llama(self.tree, entry.path), "a touched file")
+        return Record(self.tree.root / self.rel, self.feature, pin, self.series(data), touched,
+                      [self.copy(self.entry(c, "a series copy")) for c in copies])
+
+
+def read_record(tree: Tree, feature: str) -> Record | None:
+    """The checked record of `feature` in `tree`; None when the feature is not applied."""
+    with TreeFiles(tree.root) as files:
+        return _Reader(tree, feature, files).record()
