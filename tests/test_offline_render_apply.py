@@ -175,7 +175,7 @@ def test_git_tree_applies_at_its_pin_and_refuses_another(fixture_git_tree):
     head = git(root, "rev-parse", "HEAD").strip()
     before = tree_bytes(root)
     wrong = invoke("apply", "--pin", "7049736b", "--tree", str(root))
-    assert wrong.exit_code == 1
+    assert wrong.exit_code == 4
     assert wrong.output == (f"portkit: the tree is at {head[:12]} (from git HEAD), not at the pin "
                             f"7049736b; pass --force to apply anyway\n")
     assert tree_bytes(root) == before
@@ -190,7 +190,7 @@ def test_uncommitted_work_in_a_touched_file_is_refused(fixture_git_tree):
     graph.write_text(graph.read_text() + "// local work in progress\n")
     before = tree_bytes(root)
     result = invoke("apply", "--force", "--tree", str(root))
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     assert result.output == ("portkit: uncommitted changes in src/llama-graph.cpp; "
                              "commit or stash them first\n")
     assert tree_bytes(root) == before
@@ -257,7 +257,7 @@ def test_read_only_file_fails_cleanly(fixture_tree):
     graph.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     before = tree_bytes(root)
     result = invoke("apply", "--force", "--tree", str(root))
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     assert result.output == f"portkit: cannot write {graph} (read-only)\n"
     assert tree_bytes(root) == before
     assert not (root / ".portkit").exists()
