@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from unidiff.errors import UnidiffParseError
@@ -25,6 +25,7 @@ from unidiff.patch import PatchSet
 from portkit.build import CompileResult, compile_units
 from portkit.cache import cache_dir, scratch, sweep
 from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
+from portkit.hunks import apply_hunks
 from portkit.proc import git, last_line
 from portkit.record import (
     Record,
@@ -35,7 +36,17 @@ from portkit.record import (
 )
 from portkit.record import read_record as read_record  # validate reads records through apply
 from portkit.render import Rendered, render
-from portkit.series import next_number
+from portkit.series import (
+    OLLAMA as OLLAMA_CONVENTIONS,
+)
+from portkit.series import (
+    PORTKIT,
+    Conventions,
+    Series,
+    next_number,
+    parse_patch,
+    read_series,
+)
 from portkit.transaction import (
     Change,
     Delete,
@@ -123,24 +134,32 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
                      reverse: bool = False) -> dict[str, bytes | None]:
     """What each of `files` (relative to `root`) holds once the series `patches` ((name,
     text), in series order) is applied, or taken out with reverse=True; None: it is gone.
-    Worked out on copies in a private folder of the cache: `root` is only read."""
+    Worked out by the per-hunk engine (GNU patch, offsets allowed, no fuzz) on copies in a
+    private folder of the cache: `root` is only read. Any hunk that does not land is an
+    ApplyConflict naming the patch, the file and the hunk."""
+    parsed = [parse_patch(name, text) for name, text in patches]
     folders = cache_dir("scratch")
     sweep(folders)  # what killed processes left
     with scratch(folders, ".copy-") as private:
-        work, series = private / "tree", private / "series"
+        work = private / "tree"
         work.mkdir()
-        series.mkdir()
         with TreeFiles(root) as tree_files:
             for rel in files:
                 found = tree_files.read(rel)
                 if found is not None:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
                     (work / rel).write_bytes(found[0])
-        for name, text in (list(reversed(patches)) if reverse else patches):
-            (series / name).write_bytes(text)
-            _git_apply_one(work, series / name, text, reverse)
-        return {rel: (work / rel).read_bytes() if (work / rel).is_file() else None
-                for rel in files}
+        with apply_hunks(parsed, work, fuzz=0, reverse=reverse) as result:
+            failed = next((h for h in result.hunks if not h.landed), None)
+            if failed is not None:
+                verb = "come out" if reverse else "apply"
+                raise ApplyConflict(f"the series does not {verb}: {failed.describe()}")
+            problem = next((p for r in result.patches for p in r.problems), None)
+            if problem is not None:
+                raise ApplyConflict(problem)
+            return {rel: result.files.get(rel, (work / rel).read_bytes()
+                                          if (work / rel).is_file() else None)
+                    for rel in files}
 
 
 # -- checks before writing --------------------------------------------------------------------
@@ -260,36 +279,101 @@ def _apply(tree: Tree, feature: str, *, pin: str | None, force: bool, dry_run: b
            compile_check: bool) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
-    previous = read_record(tree, feature)
+    previous = _already(tree, feature)
     if previous is not None:
-        try:
-            patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
-        except ApplyConflict as exc:
-            raise _changed_since(feature, previous, exc) from exc
-        return Outcome(ALREADY, _texts(previous), previous.files)
+        return previous
     rendered = render_checked(tree, feature)
     if rendered.present_upstream:
         return Outcome(PRESENT, rendered=rendered)
-    files = rendered.files()
-    first = next_number(tree.series_dir) if tree.layout == OLLAMA and tree.series_dir else 1
-    mails = rendered.mails(first)
+    series = rendered.series(fork_conventions(tree)) if _is_fork(tree) \
+        else rendered.series(PORTKIT, 1)
+    return _put(tree, feature, series, rendered.files(), dry_run=dry_run,
+                compile_check=compile_check, rendered=rendered)
+
+
+def apply_series(tree: Tree, series: Series, name: str, *, pin: str | None,
+                 force: bool = False, dry_run: bool = False,
+                 compile_check: bool = False) -> Outcome:
+    """Apply any series (a folder of patches that portkit did not render) all or nothing,
+    recorded under `name` like a feature: `reverse` takes it out again. In a fork, the
+    patches are also added to its series with its next numbers."""
+    check_feature(name)
+    if dry_run:
+        return _apply_series(tree, series, name, pin=pin, force=force, dry_run=True,
+                             compile_check=False)
+    with _writing(tree):
+        return _apply_series(tree, series, name, pin=pin, force=force, dry_run=False,
+                             compile_check=compile_check)
+
+
+def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, force: bool,
+                  dry_run: bool, compile_check: bool) -> Outcome:
+    if pin is not None and not force:
+        check_pin(tree, pin)
+    previous = _already(tree, name)
+    if previous is not None:
+        return previous
+    files = list(dict.fromkeys(series.paths))
+    if _is_fork(tree):
+        first = fork_conventions(tree).next_number
+        series = replace(series, patches=tuple(
+            replace(p, name=f"{first + i:04d}-{_NUMBER.sub('', p.name)}")
+            for i, p in enumerate(series.patches)))
+    return _put(tree, name, series, files, dry_run=dry_run, compile_check=compile_check)
+
+
+_NUMBER = re.compile(r"^\d{4}-")
+
+
+def _is_fork(tree: Tree) -> bool:
+    return tree.layout == OLLAMA and tree.series_dir is not None
+
+
+def fork_conventions(tree: Tree) -> Conventions:
+    """How the fork writes its series (llama/patches), so that what portkit adds looks like
+    the fork's own patches; ollama's format-patch options where the folder is empty."""
+    assert tree.series_dir is not None
+    try:
+        return read_series(tree.series_dir).conventions
+    except PortkitError:
+        return replace(OLLAMA_CONVENTIONS, next_number=next_number(tree.series_dir))
+
+
+def _already(tree: Tree, name: str) -> Outcome | None:
+    """ALREADY when the record says `name` is applied (and the tree still shows it)."""
+    previous = read_record(tree, name)
+    if previous is None:
+        return None
+    try:
+        patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
+    except ApplyConflict as exc:
+        raise _changed_since(name, previous, exc) from exc
+    return Outcome(ALREADY, _texts(previous), previous.files)
+
+
+def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bool,
+         compile_check: bool, rendered: Rendered | None = None) -> Outcome:
+    """Write `series` into the tree in one transaction, with its record and, in a fork, its
+    copies in llama/patches."""
+    mails = [(p.name, p.text) for p in series.patches]
     if dry_run:
         return Outcome(DRY_RUN, mails, files, rendered=rendered)
     _refuse_dirty(tree, files)
-    copies = [tree.series_dir / name for name, _ in mails] if tree.series_dir else []
+    copies = [tree.series_dir / p.name for p in series.patches] \
+        if tree.series_dir and _is_fork(tree) else []
     _refuse_unwritable([tree.llama_root / f for f in files] + copies)
-    series = [(name, text.encode()) for name, text in mails]
-    patched = patched_contents(tree.llama_root, files, series)
+    patches = [(p.name, p.data) for p in series.patches]
+    patched = patched_contents(tree.llama_root, files, patches)
     copy_rels = [c.relative_to(tree.root).as_posix() for c in copies]
-    record = record_rel(feature)
+    record = record_rel(name)
     changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None
                              else Delete(in_llama(tree, rel)) for rel, data in patched.items()]
-    changes += [Write(rel, data) for rel, (_, data) in zip(copy_rels, series, strict=False)]
-    changes += [Write(f"{record}/{name}", data) for name, data in series]
+    changes += [Write(rel, data) for rel, (_, data) in zip(copy_rels, patches, strict=False)]
+    changes += [Write(f"{record}/{patch}", data) for patch, data in patches]
     touched = {rel: data for rel, data in patched.items() if data is not None}
     changes.append(Write(f"{record}/state.json",
-                         state_json(tree, feature, series, touched, copy_rels)))
-    with transaction(tree.root, f"apply of {feature}", changes):
+                         state_json(tree, name, patches, touched, copy_rels)))
+    with transaction(tree.root, f"apply of {name}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
 

@@ -19,7 +19,15 @@ from portkit.errors import AnchorError, PortkitError
 from portkit.features import Feature, Resolved, feature_dir, resolve_feature
 from portkit.index import Index, flat
 from portkit.manifest import Condition, EditSpec, Manifest, PatchSpec, load_manifest
-from portkit.series import MailPatch, file_name, unified_diff
+from portkit.series import (
+    PORTKIT,
+    Conventions,
+    MailPatch,
+    Series,
+    git_diff,
+    new_patch,
+    unified_diff,
+)
 from portkit.tree import Tree
 
 PRESENT, NOT_APPLICABLE, RENDERED = "present upstream", "not applicable", "rendered"
@@ -63,6 +71,7 @@ class PatchOutcome:
     reason: str = ""
     mail: MailPatch | None = None
     skipped_edits: list[str] = field(default_factory=list)
+    changes: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (file, before, after)
 
 
 @dataclass
@@ -81,11 +90,27 @@ class Rendered:
     def present_upstream(self) -> bool:
         return not self.patches and any(o.status == PRESENT for o in self.outcomes)
 
-    def mails(self, first_number: int = 1) -> list[tuple[str, str]]:
-        """(file name, text) of each rendered patch, numbered from `first_number`."""
+    def series(self, conventions: Conventions = PORTKIT, first_number: int | None = None
+               ) -> Series:
+        """The rendered patches as a series written the way `conventions` say (portkit's own
+        by default; a fork's, to add them to its series), numbered from `first_number` (the
+        conventions' next number by default)."""
+        first = conventions.next_number if first_number is None else first_number
         total = len(self.patches)
-        return [(file_name(first_number + i, o.spec.subject), o.mail.render(i + 1, total))
-                for i, o in enumerate(self.patches) if o.mail is not None]
+        patches = []
+        for i, o in enumerate(self.patches):
+            assert o.mail is not None
+            diff = o.mail.diff if conventions.style == "portkit" else "".join(
+                git_diff(rel, before, after, abbrev=conventions.abbrev)
+                for rel, before, after in o.changes)
+            patches.append(new_patch(conventions, subject=o.spec.subject, body=o.mail.body,
+                                     author=o.mail.author, date=o.mail.date, diff=diff,
+                                     number=first + i, total=total))
+        return Series(Path(), "format-patch", tuple(patches), conventions)
+
+    def mails(self, first_number: int = 1) -> list[tuple[str, str]]:
+        """(file name, text) of each rendered patch in portkit's own conventions."""
+        return [(p.name, p.text) for p in self.series(PORTKIT, first_number).patches]
 
     def files(self) -> list[str]:
         return sorted({f for o in self.patches if o.mail for f in o.mail.files()})
@@ -212,7 +237,9 @@ class _Renderer:
             for rel in touched:
                 before = self._state(rel, applied[rel])
                 applied[rel] += [s for s in splices[number] if s.file == rel]
-                diff.append(unified_diff(rel, before, self._state(rel, applied[rel])))
+                after = self._state(rel, applied[rel])
+                diff.append(unified_diff(rel, before, after))
+                outcome.changes.append((rel, before, after))
             outcome.mail = MailPatch(outcome.spec.subject, self._body(outcome.spec), "".join(diff),
                                      self.manifest.author, self.manifest.date)
 
@@ -257,9 +284,4 @@ def upstream_patches(feature: Feature, resolved: Resolved) -> dict[str, str]:
 
 def write_series(rendered: Rendered, out: Path, first_number: int = 1) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in rendered.mails(first_number):
-        path = out / name
-        path.write_text(text)
-        written.append(path)
-    return written
+    return rendered.series(PORTKIT, first_number).write(out)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
+import tempfile
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -26,6 +28,7 @@ from unidiff.patch import Hunk as UnidiffHunk
 from unidiff.patch import PatchedFile, PatchSet
 
 from portkit.errors import PortkitError
+from portkit.proc import git
 
 ZERO_COMMIT = "0" * 40
 MBOX_DATE = "Mon Sep 17 00:00:00 2001"  # format-patch's fixed date on the mbox From line
@@ -160,6 +163,7 @@ class Conventions:
     numbered_names: bool = True  # NNNN-slug.patch file names
     next_number: int = 1
     subject_prefix: str = "PATCH"
+    abbrev: int = 7  # hex digits of the blob ids on `index` lines
 
 
 # What MailPatch.render writes (the committed series under patches/ depend on it).
@@ -582,6 +586,8 @@ def detect_conventions(patches: Sequence[Patch]) -> Conventions:
         numbered_names=len(numbers) == len(patches),
         next_number=max(numbers, default=len(patches)) + 1,
         subject_prefix=_most(p.subject_prefix for p in mails) or "PATCH",
+        abbrev=_most([len(m.group(1)) for p in mails for f in p.files
+                      if (m := _INDEX_LINE.match(f.header("index") or ""))] or [7]),
     )
 
 
@@ -921,6 +927,35 @@ class MailPatch:
                 f"---\n{self.stat()}\n\n"
                 f"{self.diff}"
                 f"-- \nportkit\n\n")
+
+
+_INDEX_LINE = re.compile(r"([0-9a-f]{4,40})\.\.[0-9a-f]{4,40}")
+
+
+def git_diff(path: str, before: bytes | None, after: bytes | None, *, abbrev: int = 7) -> str:
+    """The diff of one file as `git diff` writes it (`index` line with blob ids, the enclosing
+    function after each @@), from git itself: `git diff --no-index` of the two versions,
+    sealed from the user's configuration. None: the file does not exist on that side."""
+    with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
+        sides = []
+        for side, data in (("a", before), ("b", after)):
+            file = Path(tmp) / side / path
+            if data is not None:
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_bytes(data)
+            sides.append(f"{side}/{path}" if data is not None else os.devnull)
+        proc = git(["diff", "--no-index", "--no-color", "--no-ext-diff", "--no-renames",
+                    f"--abbrev={abbrev}", "--", *sides], cwd=Path(tmp), check=False,
+                   ceiling=Path(tmp))
+    if proc.returncode not in (0, 1):
+        raise PortkitError(f"git diff failed on {path}: {proc.stderr.strip()}")
+    # git names the sides after the folders they were in: a/a/<path>, b/b/<path> (and a/b/,
+    # b/a/ for a file created or deleted)
+    out = proc.stdout
+    for wrong, right in ((f"a/a/{path}", f"a/{path}"), (f"b/b/{path}", f"b/{path}"),
+                         (f"a/b/{path}", f"a/{path}"), (f"b/a/{path}", f"b/{path}")):
+        out = out.replace(wrong, right)
+    return out
 
 
 def unified_diff(path: str, before: bytes, after: bytes) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from portkit import apply as apply_mod
 from portkit.cli import cli
 from portkit.index import Index
 from portkit.render import NOT_APPLICABLE, RENDERED, Rendered, render
+from portkit.series import detect_conventions, format_patch_name, read_series
 from portkit.tree import detect
 
 from .conftest import FIXTURE_NAMES, FIXTURE_TREES, Fork, git, tree_bytes
@@ -207,7 +209,18 @@ def test_fork_gets_the_series_after_its_own_patches(fixture_fork: Callable[[str]
     assert names[:2] == fork.own_patches
     ours = names[2:]
     assert [n[:5] for n in ours] == ["0003-", "0004-", "0005-", "0006-", "0007-"]
-    assert [n[5:] for n in ours] == [n[5:] for n, _ in rendered(name).mails()]
+    # written as the fork writes its own (format-patch --no-signature --no-numbered
+    # --zero-commit): a maintainer cannot tell them from the fork's own patches
+    own = read_series(series)
+    added = [p for p in own.patches if p.name in ours]
+    assert [p.subject for p in added] == [p.spec.subject for p in rendered(name).patches]
+    assert [p.name for p in added] == [format_patch_name(3 + i, p.subject)
+                                       for i, p in enumerate(added)]
+    conventions = detect_conventions([p for p in own.patches if p.name in fork.own_patches])
+    assert replace(detect_conventions(added), next_number=0) == \
+        replace(conventions, next_number=0)
+    assert all(p.data.startswith(b"From 0000000000000000000000000000000000000000 ")
+               and b"Subject: [PATCH] " in p.data and p.signature is None for p in added)
 
     # the copies are git-am patches on top of the fork's own: they rebuild the vendored tree
     git(fork.upstream, "am", "--quiet", *(str(series / n) for n in ours))
