@@ -1,0 +1,87 @@
+"""`portkit apply`: port a feature (or any series) onto a tree, all or nothing; --reverse."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from portkit import apply as apply_mod
+from portkit import tree as tree_mod
+from portkit import validate as validate_mod
+from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
+from portkit.errors import UsageError
+from portkit.features import Feature
+from portkit.render import PRESENT
+
+
+@click.command("apply")
+@click.option("--pin", help="The llama.cpp commit the tree must be at (e.g. 7049736b).")
+@TREE_OPTION
+@FEATURE_OPTION
+@click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
+@click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
+@click.option("--force", is_flag=True, help="Skip the pin check.")
+@click.option("--compile", "compile_check", is_flag=True,
+              help="Compile the translation units the series touches; take it out if they fail.")
+@click.option("--validate", "then_validate", is_flag=True,
+              help="Then run `portkit validate --quick` on the patched tree.")
+@fails_cleanly
+def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, reverse: bool,
+              force: bool, compile_check: bool, then_validate: bool) -> None:
+    """Port a feature onto the tree: verify the pin, render, apply all or nothing.
+
+    \b
+    portkit apply --pin 7049736b              in the fork's checkout
+    portkit apply --pin 7049736b --dry-run    show the series, change nothing
+    portkit apply --pin 7049736b --reverse    take it out again, byte for byte
+
+    On any failure the tree is left exactly as it was. A second run says "already
+    applied"; a tree where upstream already has the feature is left alone. In an
+    ollama-style fork the series is also added to llama/patches with the next numbers.
+    """
+    info = open_tree(tree_path)
+    if pin is None and not force:
+        raise UsageError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
+    if reverse:
+        outcome = apply_mod.reverse(info, feature, pin=pin, force=force, dry_run=dry_run)
+    else:
+        outcome = apply_mod.apply(info, feature, pin=pin, force=force, dry_run=dry_run,
+                                  compile_check=compile_check)
+    if outcome.status == apply_mod.DRY_RUN:
+        for _, text in outcome.patches:
+            click.echo(text, nl=False)
+        click.echo(f"dry run: {len(outcome.patches)} patch(es) would be "
+                   f"{'reversed' if reverse else 'applied'} to {len(outcome.files)} file(s); "
+                   f"nothing changed", err=True)
+        return
+    if outcome.status == apply_mod.PRESENT:
+        click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {(info.pin or '?')[:12]}): "
+                   f"nothing applied")
+        return
+    if outcome.status == apply_mod.ALREADY:
+        click.echo(f"{feature} is already applied ({len(outcome.patches)} patches): "
+                   f"nothing changed")
+        return
+    verb = "reversed" if reverse else "applied"
+    click.echo(f"{verb} {len(outcome.patches)} patch(es) of {feature} "
+               f"({len(outcome.files)} files) in {info.llama_root}")
+    for name, _ in outcome.patches:
+        click.echo(f"  {name}")
+    for copy in outcome.series_copies:
+        click.echo(f"  series copy: {copy}")
+    if outcome.rendered is not None:
+        for o in outcome.rendered.outcomes:
+            if o.mail is None:
+                click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
+    if outcome.compiled is not None:
+        click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
+    if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
+        port = Feature.load(feature)
+        reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
+            if port.validation.reference else None
+        report = validate_mod.validate(tree_mod.detect(tree_path), port, reference=reference)
+        click.echo(report.text())
+        if not report.passed:
+            sys.exit(1)
