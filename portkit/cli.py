@@ -11,6 +11,7 @@ from portkit import __version__
 from portkit.commands.anchors import anchors_cmd
 from portkit.commands.apply import apply_cmd
 from portkit.commands.common import exit_for, signals_interrupt
+from portkit.commands.drift import drift_cmd
 from portkit.commands.recover import recover_cmd
 from portkit.commands.render import render_cmd
 from portkit.commands.tree import tree
@@ -25,12 +26,14 @@ def cli() -> None:
 
     \b
     The pipeline:  tree -> index -> anchors -> render -> apply -> validate
+                                  `-> drift report / rebase of an existing series
     Start with:    portkit tree info .        (what portkit sees in your checkout)
                    portkit anchors --tree .   (where each part of a feature belongs)
+                   portkit drift --tree pypi:llama-cpp-python==0.3.19   (in a fork)
     """
 
 
-for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, recover_cmd):
+for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, drift_cmd, recover_cmd):
     cli.add_command(command)
 
 

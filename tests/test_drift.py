@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from portkit import drift_model as dm
+from portkit.cli import cli
 from portkit.drift import DriftInput, drift, identifiers
 from portkit.render import render, write_series
 from portkit.series import read_series
 from portkit.tree import detect
+
+from .conftest import tree_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 ROTATION_0_3_16 = REPO / "patches" / "kv-rotation" / "4227c9be4268ac844921b90f31595f81236bd317"
@@ -199,3 +203,55 @@ def test_fork_series_semantic_drift_is_found(fork_report, version):
                     for s in hand.get("semantic", []) if not s.get("breaks", True)}
         found = {s.symbol: s.change for s in patch.semantic}
         assert {k: v for k, v in found.items() if k not in harmless} == wanted, patch.file
+
+
+# -- in a fork: the series and the base come from the checkout -----------------------------
+
+
+def _drift_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["drift", *args])
+    return result.exit_code, result.stdout
+
+
+def test_fork_drift_uses_its_own_series_and_derives_the_base(fixture_fork, fixture_tree):
+    fork = fixture_fork("old")
+    before = tree_bytes(fork.root)
+    # Against the fork's own tree: its series is exactly what the vendored tree carries.
+    code, out = _drift_cli("--fork", str(fork.root), "--format", "json")
+    report = dm.DriftReport.from_json(out)
+    assert code == 0
+    (own,) = report.targets
+    assert [p.file for p in own.patches] == fork.own_patches
+    assert {p.status for p in own.patches} == {dm.ALREADY_APPLIED}
+    # Against the renamed tree: the base is the vendored tree with the series taken out, so
+    # the patch into llama-graph.cpp lands and the one into llama.cpp too.
+    code, out = _drift_cli("--fork", str(fork.root), "--tree", str(fixture_tree("renamed")),
+                           "--format", "json")
+    (renamed,) = dm.DriftReport.from_json(out).targets
+    assert code == 0
+    assert all(p.status in (dm.CLEAN, dm.OFFSET) for p in renamed.patches), renamed
+    assert tree_bytes(fork.root) == before  # drift only reads
+
+
+def test_drift_without_a_base_outside_a_fork_says_what_to_give(fixture_tree, tmp_path):
+    series = tmp_path / "series"
+    old = fixture_tree("old")
+    write_series(render(detect(old), "kv-rotation"), series)
+    result = CliRunner().invoke(cli, ["drift", "--series", str(series), "--tree", str(old),
+                                      "--fork", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("portkit: give --base TREE")
+    assert result.stderr.count("\n") == 1
+
+
+def test_saved_report_renders_again_with_the_same_exit_code(fixture_tree, tmp_path):
+    old = fixture_tree("old")
+    series = tmp_path / "series"
+    write_series(render(detect(old), "kv-rotation"), series)
+    code, out = _drift_cli("--series", str(series), "--base", str(old), "--tree",
+                           str(fixture_tree("renamed")), "--format", "json")
+    saved = tmp_path / "drift.json"
+    saved.write_text(out)
+    again, markdown = _drift_cli("--from-json", str(saved), "--format", "markdown")
+    assert again == code == dm.ATTENTION_EXIT  # the renamed tree has conflicts
+    assert markdown.startswith("#") and "conflict" in markdown

@@ -1,0 +1,116 @@
+"""`portkit drift`: for each patch of a series and each target tree, whether it still applies,
+and if not, where its code went and why (docs/drift-ci.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from portkit import drift_formats
+from portkit import drift_model as dm
+from portkit import tree as tree_mod
+from portkit.commands.common import fails_cleanly, open_tree
+from portkit.drift import DriftInput, drift
+from portkit.errors import PortkitError, UsageError
+from portkit.series import read_series
+from portkit.tree import OLLAMA, Tree
+
+
+def _target(spec: str) -> Tree:
+    """A tree as `tree fetch` names it; a local folder is read where it is, not copied."""
+    if Path(spec).is_dir():
+        return open_tree(Path(spec))
+    return tree_mod.detect(tree_mod.fetch(spec))
+
+
+@click.command("drift")
+@click.option("--series", "series_dir", type=click.Path(path_type=Path),
+              help="The patch series (a folder of format-patch mails, or a quilt folder). "
+                   "Default: the series of the fork in --fork.")
+@click.option("--tree", "targets", multiple=True, metavar="TARGET",
+              help="A tree to check the series against, as `portkit tree fetch` takes it "
+                   "(DIR, git:URL@REV, pypi:llama-cpp-python==X); repeatable, oldest first. "
+                   "Default in a fork: its own vendored tree (the series against its pin).")
+@click.option("--base", metavar="TREE",
+              help="The tree the series was written against. Default in a fork: its vendored "
+                   "tree with the series taken out.")
+@click.option("--fork", "fork_path", type=click.Path(path_type=Path), default=Path("."),
+              show_default=True, help="The fork checkout whose series and tree are the "
+                                      "defaults (an ollama-style layout).")
+@click.option("--format", "fmt", type=click.Choice(drift_formats.FORMATS), default="table",
+              show_default=True)
+@click.option("--output", type=click.Path(path_type=Path),
+              help="Write the report here instead of standard output.")
+@click.option("--fail-on", "fail_on", multiple=True, type=click.Choice(dm.FAIL_ON_CHOICES),
+              help="Which patches make the exit code 20 (repeatable; default: conflict and "
+                   "semantic). relocated and fuzz include what is worse.")
+@click.option("--from-json", "saved", type=click.Path(path_type=Path, dir_okay=False),
+              help="Render a report saved with --format json again, without analysing.")
+@fails_cleanly
+def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | None,
+              fork_path: Path, fmt: str, output: Path | None, fail_on: tuple[str, ...],
+              saved: Path | None) -> None:
+    """Report, per patch and hunk, how a patch series fares on other trees.
+
+    \b
+    portkit drift --series llama/patches --tree pypi:llama-cpp-python==0.3.19 --base DIR
+    portkit drift --tree pypi:llama-cpp-python==0.3.19     in a fork: its series and base
+    portkit drift --format markdown --fail-on fuzz ...      for a CI job summary
+
+    \b
+    Statuses, best to worst: clean, offset, fuzz (as GNU patch applies it), relocated (its
+    function or file moved or was renamed: found by the anchor engine, and the hunk lands
+    there), conflict (with the reason and the nearest match); already-applied (it
+    reverse-applies) and present-upstream (upstream has the change in its own form). Semantic
+    drift lists the symbols a patch uses whose definition changed, even when it applies.
+    Exits 20 when a patch needs attention (--fail-on), 0 when none does; other codes are
+    failures (docs/exit-codes.md). The trees are only read.
+    """
+    chosen = dm.parse_fail_on(fail_on)
+    if saved is not None:
+        if series_dir or targets or base:
+            raise UsageError("--from-json renders a saved report: give no --series, --tree "
+                             "or --base with it")
+        try:
+            text = saved.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{saved} is not a JSON drift report (not UTF-8)") from exc
+        report = dm.DriftReport.from_json(text)
+    else:
+        report = drift(*_job(series_dir, targets, base, fork_path))
+    rendered = drift_formats.render(report, fmt, chosen)
+    if output is not None:
+        output.write_text(rendered if rendered.endswith("\n") else rendered + "\n")
+    else:
+        click.echo(rendered, nl=not rendered.endswith("\n"))
+    sys.exit(dm.exit_code(report, chosen))
+
+
+def _job(series_dir: Path | None, targets: tuple[str, ...], base: str | None,
+         fork_path: Path) -> tuple[DriftInput, Tree | None]:
+    fork: Tree | None = None
+    if series_dir is None or (base is None) or not targets:
+        try:
+            candidate: Tree | None = open_tree(fork_path)
+        except PortkitError:  # not a tree: the options must say everything then
+            candidate = None
+        if candidate is not None and candidate.layout == OLLAMA:
+            fork = candidate
+    if series_dir is None:
+        if fork is None or fork.series_dir is None:
+            raise UsageError("give --series DIR (or run in an ollama-style fork checkout, "
+                             "whose llama/patches is the default)")
+        series_dir = fork.series_dir
+    series = read_series(series_dir)
+    trees = [(spec, _target(spec)) for spec in targets]
+    if not trees:
+        if fork is None:
+            raise UsageError("give --tree TARGET (a tree to check the series against)")
+        trees = [(str(fork.root), fork)]
+    if base is None and fork is None:
+        raise UsageError("give --base TREE (the tree the series was written against); in a "
+                         "fork checkout it is the vendored tree with the series taken out")
+    base_tree = _target(base) if base is not None else None
+    return DriftInput(series, str(series_dir), base_tree, trees), fork
