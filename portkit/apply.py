@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from portkit.build import CompileResult, compile_units
 from portkit.cache import cache_dir, scratch, sweep
 from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.hunks import apply_hunks
+from portkit.index import source_files
 from portkit.proc import git, last_line
 from portkit.record import (
     Record,
@@ -160,6 +162,31 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
             return {rel: result.files.get(rel, (work / rel).read_bytes()
                                           if (work / rel).is_file() else None)
                     for rel in files}
+
+
+@contextmanager
+def unpatched_view(tree: Tree, feature: str, patterns: Sequence[str]) -> Iterator[Tree]:
+    """The tree as it was before portkit applied `feature` (the tree itself when it did
+    not): the files matching `patterns`, with the recorded series taken out, in a private
+    folder. What portkit added is never mistaken for upstream's."""
+    record = read_record(tree, feature)
+    if record is None:
+        yield tree
+        return
+    restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
+    folders = cache_dir("scratch")
+    with scratch(folders, ".view-") as private:
+        for rel in [*source_files(tree.llama_root, patterns), "include/llama.h"]:
+            if (tree.llama_root / rel).is_file():
+                (private / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tree.llama_root / rel, private / rel)
+        for rel, data in restored.items():
+            if data is None:
+                (private / rel).unlink(missing_ok=True)
+            else:
+                (private / rel).parent.mkdir(parents=True, exist_ok=True)
+                (private / rel).write_bytes(data)
+        yield replace(tree, llama_root=private)
 
 
 # -- checks before writing --------------------------------------------------------------------

@@ -225,3 +225,14 @@ def read_record(tree: Tree, feature: str) -> Record | None:
     """The checked record of `feature` in `tree`; None when the feature is not applied."""
     with TreeFiles(tree.root) as files:
         return _Reader(tree, feature, files).record()
+
+
+def applied(tree: Tree) -> list[Record]:
+    """Every feature or series portkit applied to `tree`, by its checked record."""
+    folder = tree.root / RECORD_FOLDER
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    names = sorted(p.name for p in folder.iterdir()
+                   if _FEATURE.fullmatch(p.name) and (p / "state.json").is_file())
+    return [r for r in (read_record(tree, name) for name in names) if r is not None]
+

@@ -13,13 +13,20 @@ from portkit import validate as validate_mod
 from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
 from portkit.errors import UsageError
 from portkit.features import Feature
+from portkit.record import record_rel
 from portkit.render import PRESENT
+from portkit.series import read_series
 
 
 @click.command("apply")
-@click.option("--pin", help="The llama.cpp commit the tree must be at (e.g. 7049736b).")
+@click.option("--pin", metavar="SHA",
+              help="Required (or --force): the llama.cpp commit the tree must be at, e.g. "
+                   "7049736b. Read from Makefile.sync FETCH_HEAD, build-info, CHANGELOG or git.")
 @TREE_OPTION
 @FEATURE_OPTION
+@click.option("--series", "series_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Apply this patch series (a folder of patches) instead of a feature; it "
+                   "is recorded under the folder's name, and --reverse --series takes it out.")
 @click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
@@ -28,24 +35,37 @@ from portkit.render import PRESENT
 @click.option("--validate", "then_validate", is_flag=True,
               help="Then run `portkit validate --quick` on the patched tree.")
 @fails_cleanly
-def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, reverse: bool,
-              force: bool, compile_check: bool, then_validate: bool) -> None:
+def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path | None,
+              dry_run: bool, reverse: bool, force: bool, compile_check: bool,
+              then_validate: bool) -> None:
     """Port a feature onto the tree: verify the pin, render, apply all or nothing.
 
     \b
     portkit apply --pin 7049736b              in the fork's checkout
     portkit apply --pin 7049736b --dry-run    show the series, change nothing
     portkit apply --pin 7049736b --reverse    take it out again, byte for byte
+    portkit apply --pin 7049736b --series DIR   any series, all or nothing
 
     On any failure the tree is left exactly as it was. A second run says "already
     applied"; a tree where upstream already has the feature is left alone. In an
-    ollama-style fork the series is also added to llama/patches with the next numbers.
+    ollama-style fork the series is also added to llama/patches with the next numbers,
+    written the way the fork writes its own. The applied series is kept in
+    <tree>/.portkit/<name>/ (`portkit tree info` lists what is applied).
     """
     info = open_tree(tree_path)
     if pin is None and not force:
         raise UsageError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
+    name = feature
+    if series_dir is not None:
+        name = series_dir.resolve().name
+        if then_validate:
+            raise UsageError("--validate proves a feature; give --feature, not --series")
     if reverse:
-        outcome = apply_mod.reverse(info, feature, pin=pin, force=force, dry_run=dry_run)
+        outcome = apply_mod.reverse(info, name, pin=pin, force=force, dry_run=dry_run)
+    elif series_dir is not None:
+        outcome = apply_mod.apply_series(info, read_series(series_dir), name, pin=pin,
+                                         force=force, dry_run=dry_run,
+                                         compile_check=compile_check)
     else:
         outcome = apply_mod.apply(info, feature, pin=pin, force=force, dry_run=dry_run,
                                   compile_check=compile_check)
@@ -57,27 +77,33 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, dry_run: bool, rev
                    f"nothing changed", err=True)
         return
     if outcome.status == apply_mod.PRESENT:
-        click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {(info.pin or '?')[:12]}): "
+        click.echo(f"{name} is {PRESENT} in this tree (llama.cpp {(info.pin or '?')[:12]}): "
                    f"nothing applied")
         return
+    record = info.root / record_rel(name)
     if outcome.status == apply_mod.ALREADY:
-        click.echo(f"{feature} is already applied ({len(outcome.patches)} patches): "
-                   f"nothing changed")
-        return
-    verb = "reversed" if reverse else "applied"
-    click.echo(f"{verb} {len(outcome.patches)} patch(es) of {feature} "
-               f"({len(outcome.files)} files) in {info.llama_root}")
-    for name, _ in outcome.patches:
-        click.echo(f"  {name}")
-    for copy in outcome.series_copies:
-        click.echo(f"  series copy: {copy}")
-    if outcome.rendered is not None:
-        for o in outcome.rendered.outcomes:
-            if o.mail is None:
-                click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
-    if outcome.compiled is not None:
-        click.echo(f"compiled {', '.join(outcome.compiled.units)} with {outcome.compiled.method}")
-    if then_validate and not reverse and outcome.status in (apply_mod.APPLIED, apply_mod.ALREADY):
+        click.echo(f"{name} is already applied ({len(outcome.patches)} patches, kept in "
+                   f"{record}): nothing changed")
+    else:
+        verb = "reversed" if reverse else "applied"
+        click.echo(f"{verb} {len(outcome.patches)} patch(es) of {name} "
+                   f"({len(outcome.files)} files) in {info.llama_root}")
+        for patch, _ in outcome.patches:
+            click.echo(f"  {patch}")
+        for copy in outcome.series_copies:
+            click.echo(f"  {'removed from' if reverse else 'added to'} the fork's series: {copy}")
+        if outcome.rendered is not None:
+            for o in outcome.rendered.outcomes:
+                if o.mail is None:
+                    click.echo(f"  {o.spec.name}: {o.status} ({o.reason})")
+        if outcome.compiled is not None:
+            click.echo(f"compiled {', '.join(outcome.compiled.units)} with "
+                       f"{outcome.compiled.method}")
+        if not reverse:
+            click.echo(f"the series is kept in {record}; see the change with `git diff` in a "
+                       f"git checkout, or `portkit apply --reverse --dry-run` (take it out "
+                       f"with --reverse)")
+    if then_validate and not reverse:
         port = Feature.load(feature)
         reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
             if port.validation.reference else None

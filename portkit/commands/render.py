@@ -9,6 +9,7 @@ import click
 from portkit import apply as apply_mod
 from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
 from portkit.errors import UsageError
+from portkit.features import load_anchors
 from portkit.render import PRESENT, Rendered
 from portkit.transaction import publish_folder
 
@@ -43,7 +44,11 @@ def render_cmd(tree_path: Path, feature: str, out: Path) -> None:
     series already).
     """
     info = open_tree(tree_path)
-    rendered = apply_mod.render_checked(info, feature)
+    with apply_mod.unpatched_view(info, feature, load_anchors(feature).patterns()) as view:
+        if view is not info:
+            click.echo(f"portkit: {feature} is applied by portkit (see portkit tree info); "
+                       f"rendering it for the tree without it", err=True)
+        rendered = apply_mod.render_checked(view, feature)
     if rendered.present_upstream:
         click.echo(f"{feature} is {PRESENT} in this tree (llama.cpp {info.pin or '?'}): "
                    f"nothing rendered")

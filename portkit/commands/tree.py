@@ -8,6 +8,7 @@ import click
 
 from portkit import tree as tree_mod
 from portkit.commands.common import fails_cleanly, open_tree
+from portkit.record import applied
 from portkit.report import emit_json
 
 
@@ -44,10 +45,14 @@ def tree_fetch(spec: str, into: Path | None) -> None:
               show_default=True)
 @fails_cleanly
 def tree_info(path: Path, fmt: str) -> None:
-    """Tell the layout, source roots, patch series and pin of the tree at PATH."""
+    """Tell the layout, source roots, patch series and pin of the tree at PATH, and what
+    portkit applied to it (where each applied series is kept)."""
     info = open_tree(path)
+    records = applied(info)
     if fmt == "json":
-        emit_json(info.as_json())
+        emit_json({**info.as_json(), "applied": [
+            {"name": r.feature, "record": str(r.folder), "patches": [n for n, _ in r.series],
+             "files": r.files, "series_copies": [c.path for c in r.copies]} for r in records]})
         return
     click.echo(f"layout:      {info.layout}")
     click.echo(f"llama.cpp:   {info.llama_root}")
@@ -55,3 +60,9 @@ def tree_info(path: Path, fmt: str) -> None:
     click.echo(f"series:      {info.series_dir or '-'}")
     click.echo(f"pin:         {info.pin or 'unknown'}"
                + (f" (from {info.pin_source})" if info.pin_source else ""))
+    if not records:
+        click.echo("applied:     nothing by portkit")
+    for r in records:
+        click.echo(f"applied:     {r.feature}: {len(r.series)} patch(es) to {len(r.files)} "
+                   f"file(s); series kept in {r.folder}"
+                   + (f", copies in {info.series_dir}" if r.copies else ""))
