@@ -1,6 +1,6 @@
 """Resolve the whole kv-rotation anchor set on a real tree: cold, warm, and raw parse baseline.
 
-    python benchmarks/anchors.py [--version 0.3.17] [--repeat 9] [--instructions]
+    .venv/bin/python benchmarks/anchors.py [--version 0.3.17] [--repeat 9] [--instructions]
 
 Prints the median of each, and the ratios the foundation issue targets:
 cold <= 1.5x the raw tree-sitter parse of the same files; warm <= 0.3 s.

@@ -1,6 +1,6 @@
 """Kill portkit everywhere it writes, and race writers: count what the trees are left as.
 
-    python benchmarks/kill.py [--version 0.3.17] [--random 40] [--trials 50] [--seed 1]
+    .venv/bin/python benchmarks/kill.py [--version 0.3.17] [--random 40] [--trials 50] [--seed 1]
 
 On a copy of the registry tree (CHANGELOG.md + vendor/llama.cpp sources), a real
 `portkit apply` and `portkit apply --reverse` are stopped at every checkpoint they pass
