@@ -434,3 +434,14 @@ def test_a_new_patch_in_ollama_style_reads_back(tmp_path):
     assert "Subject: [PATCH] add b\n" in patch.text
     assert Series(tmp_path, "format-patch", (patch,), OLLAMA).write(tmp_path / "o")[0] \
         .read_bytes() == patch.data
+
+
+def test_the_40_patch_fork_series_reads_and_writes_back_byte_for_byte(tmp_path):
+    source = Path(__file__).parent / "data" / "fork-series" / "series"
+    series = read_series(source)
+    assert len(series.patches) == 40
+    assert series.conventions.numbered is False and series.conventions.zero_commit
+    assert series.conventions.signature is None
+    written = series.write(tmp_path)
+    assert [p.name for p in written] == sorted(p.name for p in source.glob("*.patch"))
+    assert all(p.read_bytes() == (source / p.name).read_bytes() for p in written)
