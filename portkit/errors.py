@@ -73,10 +73,14 @@ class BuildError(PortkitError):
     exit_code = 10
 
 
-class GitMissing(PortkitError):
-    """A step needs the git program and there is none on PATH."""
+class ToolMissing(PortkitError):
+    """A step needs a program (git, GNU patch) that is not on PATH."""
 
     exit_code = 11
+
+
+class GitMissing(ToolMissing):
+    """A step needs the git program and there is none on PATH."""
 
 
 class Interrupted(PortkitError):

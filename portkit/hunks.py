@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 
-from portkit.errors import PortkitError
+from portkit.errors import PortkitError, ToolMissing
 from portkit.series import FileDiff, Hunk, Patch, Series, quote_path
 
 CLEAN, OFFSET, FUZZ, ALREADY, FAILED = "clean", "offset", "fuzz", "already-applied", "failed"
@@ -167,7 +167,7 @@ def _refuse_unsafe_paths(patch: Patch) -> None:
 def _check_gnu_patch() -> None:
     out = _gnu(["--version"])[1]
     if not out or "GNU patch" not in out[0]:
-        raise PortkitError("`patch` is not GNU patch (install the Debian package `patch`)")
+        raise ToolMissing("`patch` is not GNU patch: install the Debian package `patch`")
 
 
 def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
@@ -179,7 +179,8 @@ def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
         proc = subprocess.run(["patch", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, check=False)
     except FileNotFoundError as exc:
-        raise PortkitError("GNU patch not found (install the Debian package `patch`)") from exc
+        raise ToolMissing("GNU patch not found: install the Debian package `patch`, or put "
+                          "it on PATH") from exc
     out = (proc.stdout + proc.stderr).decode("utf-8", "surrogateescape")
     return proc.returncode, out.splitlines()
 

@@ -16,9 +16,9 @@ import pytest
 from portkit.errors import (
     ApplyConflict,
     BusyError,
-    GitMissing,
     PortkitError,
     RecordError,
+    ToolMissing,
     TreeError,
     UsageError,
 )
@@ -360,8 +360,13 @@ def test_without_git_only_what_needs_git_fails(tree, tmp_path, work):
     assert info.returncode == 0 and info.stderr == ""
     usage = subprocess.run([PORTKIT, "--help"], env=env, capture_output=True, text=True)
     assert usage.returncode == 0 and usage.stderr == "" and "Usage: portkit" in usage.stdout
-    fails(portkit(APPLY, tree, env), GitMissing.exit_code,
-          "git not found: install git, or put it on PATH")
+    fails(portkit(APPLY, tree, env), ToolMissing.exit_code,
+          "GNU patch not found: install the Debian package `patch`, or put it on PATH")
+    assert snapshot(tmp_path) == everything
+    # With GNU patch and still no git, a tree that is no git checkout is patched and restored.
+    (bare / "patch").symlink_to(shutil.which("patch") or "/usr/bin/patch")
+    assert portkit(APPLY, tree, env).returncode == 0
+    assert portkit([*APPLY, "--reverse"], tree, env).returncode == 0
     assert snapshot(tmp_path) == everything
 
 
