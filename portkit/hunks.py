@@ -29,6 +29,7 @@ from types import TracebackType
 
 from portkit.errors import PortkitError, ToolMissing
 from portkit.series import FileDiff, Hunk, Patch, Series, quote_path
+from portkit.transaction import checkpoint
 
 CLEAN, OFFSET, FUZZ, ALREADY, FAILED = "clean", "offset", "fuzz", "already-applied", "failed"
 LANDED = (CLEAN, OFFSET, FUZZ)
@@ -170,11 +171,17 @@ def _check_gnu_patch() -> None:
         raise ToolMissing("`patch` is not GNU patch: install the Debian package `patch`")
 
 
+# What GNU patch says about a patch it cannot read, as opposed to its own failures.
+_PATCH_PROBLEM = re.compile(r"malformed patch|Only garbage|unexpected end of|unexpectedly ends|"
+                            r"can't find file|Reversed|not a regular file|refusing")
+
+
 def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
     """Run GNU patch in the C locale; its exit code and output lines. (Not proc.run, which
     inherits stdin and decodes strictly: GNU patch prints file names as raw bytes.)"""
     env = {k: v for k, v in os.environ.items() if k not in _PATCH_ENV}
     env["LC_ALL"] = "C"
+    checkpoint("run:patch")
     try:
         proc = subprocess.run(["patch", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, check=False)
@@ -182,7 +189,14 @@ def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
         raise ToolMissing("GNU patch not found: install the Debian package `patch`, or put "
                           "it on PATH") from exc
     out = (proc.stdout + proc.stderr).decode("utf-8", "surrogateescape")
-    return proc.returncode, out.splitlines()
+    lines = out.splitlines()
+    trouble = next((ln[len("patch: **** "):] for ln in lines if ln.startswith("patch: **** ")
+                    and not _PATCH_PROBLEM.search(ln)), None)
+    if proc.returncode not in (0, 1, 2) or (proc.returncode == 2 and trouble):
+        # GNU patch itself failed (a full disk, a signal): not a verdict on any hunk
+        last = trouble or next((ln for ln in reversed(lines) if ln.strip()), "")
+        raise PortkitError(f"GNU patch failed (exit {proc.returncode}): {last}")
+    return proc.returncode, lines
 
 
 @dataclass(frozen=True)

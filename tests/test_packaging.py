@@ -90,7 +90,8 @@ def test_installed_wheel_runs_without_the_checkout(venv: Path, registry_tree, tm
     assert "--published" in _run([portkit, "validate", "--help"], cwd=elsewhere, env=env).stdout
 
     registry = registry_tree("0.3.17")
-    anchors = _run([portkit, "anchors", "--tree", registry], cwd=elsewhere, env=env).stdout
+    anchors = _run([portkit, "anchors", "--tree", registry, "--format", "json"], cwd=elsewhere,
+                   env=env).stdout
     assert "build_rope_shift" in anchors
 
     copy = tmp_path / "llama-0.3.17"  # the sdist layout: the pin is read from CHANGELOG.md

@@ -406,15 +406,17 @@ def test_render_into_a_folder_that_holds_something_else_is_refused(tree, tmp_pat
     assert snapshot(tmp_path) == everything
 
 
-def test_a_failing_git_is_reported_as_such_not_as_a_changed_tree(patched, tmp_path, work):
-    real = shutil.which("git")
-    (work / "git").write_text(f'#!/bin/sh\ncase "$*" in *" apply "*) echo "fatal: unable to '
-                              f'write new index file" >&2; exit 128;; esac\nexec {real} "$@"\n')
-    (work / "git").chmod(0o755)
+def test_a_failing_patch_tool_is_reported_as_such_not_as_a_changed_tree(patched, tmp_path,
+                                                                         work):
+    real = shutil.which("patch")
+    (work / "patch").write_text(f'#!/bin/sh\ncase "$*" in *--version*) exec {real} "$@";; esac\n'
+                                f'echo "patch: **** Can\'t create temporary file: No space left '
+                                f'on device" >&2; exit 2\n')
+    (work / "patch").chmod(0o755)
     everything = snapshot(tmp_path)
     run = portkit(APPLY, patched, environ(PATH=f"{work}:{os.environ['PATH']}"))
-    fails(run, PortkitError.exit_code, "git apply failed on patch 0005-")
-    assert "unable to write new index file" in run.stderr and "changed since" not in run.stderr
+    fails(run, PortkitError.exit_code, "GNU patch failed (exit 2): Can't create temporary file")
+    assert "changed since" not in run.stderr
     assert snapshot(tmp_path) == everything
 
 
@@ -425,8 +427,8 @@ def test_a_conflict_names_the_patch_and_the_hunk(patched, tmp_path):
     everything = snapshot(tmp_path)
     run = portkit(REVERSE, patched)
     fails(run, ApplyConflict.exit_code, "kv-rotation was applied by portkit, but the tree has "
-                                        "changed since (patch 0004-")
-    assert "does not apply to src/llama-graph.cpp: hunk " in run.stderr
+                                        "changed since (the series does not come out: 0004-")
+    assert ": src/llama-graph.cpp hunk #" in run.stderr and "failed at line" in run.stderr
     assert snapshot(tmp_path) == everything
 
 
