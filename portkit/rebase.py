@@ -1,0 +1,616 @@
+"""Rebase: carry a patch series onto a newer tree, patch by patch, and say what is left.
+
+Each patch goes, in order, onto the target as the patches carried before it left it (a
+working copy of the files they touch; the base gets the whole series the same way). Drift
+(portkit.drift) says how each hunk fares there; the engine (portkit.hunks, GNU patch) and
+git's 3-way merge make the bytes. A patch is
+
+  unchanged     every hunk applies as it is, at most some lines away: the same change, its
+                diff made again on the target (fresh line numbers and context);
+  merged        `git merge-file` of the target's file, the base file as the earlier patches
+                left it, and the same after this patch, is clean: context that changed
+                around a hunk, or a hunk the target already has verbatim (carried without it);
+  relocated     a hunk went where drift followed its code (renamed, moved, another file),
+                re-expressed in the target's names;
+  dropped       the target has the change already (drift's present-upstream or
+                already-applied: where is said);
+  needs-human   nothing safe: the patch is left out of the series, and the side file
+                needs-human/<patch>.conflict holds both sides, the nearest match and why;
+  needs-review  carried, but a reviewer must look: a symbol its added code uses changed
+                (drift's semantic check), a hunk landed only by ignoring context (fuzz), a
+                hunk was left out as present upstream in another form, or it uses a name that
+                a patch left out brings.
+
+GNU patch's fuzz alone is never trusted: it misplaces hunks. A hunk that needs fuzz is
+merged 3-way when the base file is known, else carried for review.
+
+The carried series keeps every patch's mail (From, Date, Subject, body), file name and the
+series' conventions (portkit.series); its diffs are git's (`git diff --no-index`, sealed from
+the user's configuration), with `index` lines and function headings where the series has
+them. Nothing is written until the whole series has been carried, and then all at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from portkit import drift_model as dm
+from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers
+from portkit.errors import PortkitError, UsageError
+from portkit.hunks import apply_hunks
+from portkit.proc import git
+from portkit.series import (
+    Conventions,
+    FileDiff,
+    Hunk,
+    Patch,
+    Series,
+    parse_patch,
+    quote_path,
+    render_mail,
+)
+from portkit.tree import Tree
+
+SCHEMA = "portkit-rebase/1"
+
+UNCHANGED = "unchanged"
+MERGED = "merged"
+RELOCATED = "relocated"
+DROPPED = "dropped"
+NEEDS_HUMAN = "needs-human"
+NEEDS_REVIEW = "needs-review"
+STATUSES = (UNCHANGED, MERGED, RELOCATED, DROPPED, NEEDS_HUMAN, NEEDS_REVIEW)
+ATTENTION = (NEEDS_HUMAN, NEEDS_REVIEW)
+ATTENTION_EXIT = dm.ATTENTION_EXIT  # as drift: the series needs a person, portkit ran fine
+CONFLICTS = "needs-human"  # the side files' folder in --out
+FORMATS = ("table", "json", "markdown")
+
+_THERE = (dm.ALREADY_APPLIED, dm.PRESENT_UPSTREAM)
+_LANDS = (dm.CLEAN, dm.OFFSET)
+_HEADING = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@).*$", re.M)
+_INDEX = re.compile(r"^index [0-9a-f]+\.\.([0-9a-f]+)", re.M)
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebasedPatch:
+    """One patch of the series on the target: what became of it and why."""
+
+    file: str
+    subject: str
+    status: str
+    reason: str
+    output: str | None  # its file name in the carried series; None when left out
+    conflict: str | None = None  # the side file (relative to --out) of a needs-human patch
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+
+@dataclass(frozen=True)
+class RebaseReport:
+    """The series carried onto one target, patches in series order."""
+
+    series: str
+    base: str | None  # the base's pin
+    target: str
+    pin: str | None  # the target's pin
+    patches: tuple[RebasedPatch, ...]
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(p.status for p in self.patches)
+        return {s: counts[s] for s in STATUSES}
+
+    @property
+    def exit_code(self) -> int:
+        """ATTENTION_EXIT when a patch needs a human or a review, else 0."""
+        return ATTENTION_EXIT if any(p.status in ATTENTION for p in self.patches) else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "series": self.series, "base": self.base,
+                "target": self.target, "pin": self.pin, "summary": self.summary,
+                "patches": [{"file": p.file, "subject": p.subject, "status": p.status,
+                             "reason": p.reason, "output": p.output, "conflict": p.conflict}
+                            for p in self.patches]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+@dataclass
+class Rebased:
+    """A finished rebase: the report, the carried series and the side files (by path
+    relative to --out), ready to be written."""
+
+    report: RebaseReport
+    series: Series
+    side_files: dict[str, bytes] = field(default_factory=dict)
+
+    def files(self) -> dict[str, bytes]:
+        """Every file of --out, by relative path."""
+        out = {p.name: p.data for p in self.series.patches}
+        if self.series.kind == "quilt":
+            out["series"] = "".join(
+                p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
+                for p in self.series.patches).encode("utf-8", "surrogateescape")
+        return {**out, **self.side_files}
+
+
+def render(report: RebaseReport, fmt: str) -> str:
+    """The report as text: table, json or markdown."""
+    if fmt == "json":
+        return report.to_json()
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    counts = ", ".join(f"{n} {s}" for s, n in report.summary.items() if n)
+    title = (f"{report.series} onto {report.target}"
+             + (f" ({report.pin[:12]})" if report.pin else "") + f": {counts}")
+    if fmt == "markdown":
+        lines = [f"### portkit rebase: {_md(title)}", "",
+                 "| # | patch | status | output | reason |", "|---|---|---|---|---|"]
+        lines += [f"| {i} | `{_md(p.file)}` | {p.status} | "
+                  f"{'`' + _md(p.output) + '`' if p.output else '-'} | "
+                  f"{_md(p.reason)}{' (`' + _md(p.conflict) + '`)' if p.conflict else ''} |"
+                  for i, p in enumerate(report.patches, 1)]
+        return "\n".join(lines) + "\n"
+    width = max((len(p.file) for p in report.patches), default=5)
+    lines = [title, ""]
+    lines += [f"{i:>3}  {p.file:<{width}}  {p.status:<12}  {p.reason}"
+              for i, p in enumerate(report.patches, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# -- working copies ------------------------------------------------------------------------
+
+
+class _Copy:
+    """The files a series touches in a tree, as the patches carried so far left them: a
+    scratch folder laid out as the tree, each file taken from `source` on first use."""
+
+    def __init__(self, source: Path, root: Path) -> None:
+        self.source = source
+        self.root = root
+        self.files: dict[str, bytes | None] = {}
+
+    def original(self, rel: str) -> bytes | None:
+        path = self.source / rel
+        return path.read_bytes() if path.is_file() else None
+
+    def load(self, rels: Sequence[str]) -> None:
+        for rel in rels:
+            if rel not in self.files:
+                self.put(rel, self.original(rel))
+
+    def get(self, rel: str) -> bytes | None:
+        self.load([rel])
+        return self.files[rel]
+
+    def put(self, rel: str, data: bytes | None) -> None:
+        self.files[rel] = data
+        path = self.root / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+# -- git's tools, sealed -------------------------------------------------------------------
+
+
+def merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str] = (
+        "target", "base", "series")) -> tuple[bytes, int]:
+    """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict
+    markers, diff3 style, where they conflict) and how many conflicts there are."""
+    with tempfile.TemporaryDirectory(prefix="portkit-merge-") as tmp:
+        root = Path(tmp)
+        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            (root / name).write_bytes(data)
+        done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                    "ours", "base", "theirs"], cwd=root, check=False, ceiling=root)
+        if done.returncode < 0 or done.returncode > 127:
+            raise PortkitError(f"git merge-file failed: {done.stderr.strip()}")
+        return (root / "ours").read_bytes(), done.returncode
+
+
+def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
+             abbrev: int = 7, prefix: bool = True, renames: bool = False) -> str:
+    """The diff from `before` to `after` (files by path; None: absent) as git writes it:
+    `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
+    function headings in the @@ lines."""
+    with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
+        root = Path(tmp)
+        for side, files in (("a", before), ("b", after)):
+            (root / side).mkdir()
+            for rel, data in files.items():
+                if data is not None:
+                    (root / side / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (root / side / rel).write_bytes(data)
+        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
+                f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
+                "-M" if renames else "--no-renames", "a", "b"]
+        done = git(args, cwd=root, check=False, ceiling=root)
+        if done.returncode not in (0, 1):
+            raise PortkitError(f"git diff failed: {done.stderr.strip()}")
+    text = done.stdout
+    # Run on two folders named a and b, git names a created file b/x on both sides of the
+    # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
+    text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
+                  flags=re.M)
+    if not prefix:
+        text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
+        text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)
+    return text
+
+
+def _style(series: Series) -> tuple[int, bool]:
+    """How the series writes its diffs: the length of its blob ids (7 when it has none) and
+    whether its @@ lines carry function headings."""
+    lengths = Counter(len(m.group(1)) for p in series.patches for m in _INDEX.finditer(p.diff))
+    headings = any(h.section for p in series.patches for h in p.hunks)
+    return (lengths.most_common(1)[0][0] if lengths else 7), headings
+
+
+# -- one patch ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    status: str
+    reason: str
+    after: dict[str, bytes | None] = field(default_factory=dict)  # target files it changes
+    conflict: str = ""  # the side file's text (needs-human)
+
+
+def _sub_patch(f: FileDiff, hunks: Sequence[Hunk]) -> Patch:
+    """A patch of `hunks` of file `f` alone."""
+    old = quote_path("a/" + f.old_path) if f.old_path else "/dev/null"
+    new = quote_path("b/" + f.new_path) if f.new_path else "/dev/null"
+    body = "".join(h.text if h.text.endswith("\n") else h.text + "\n" for h in hunks)
+    return parse_patch("part.patch", f"--- {old}\n+++ {new}\n{body}".encode(
+        "utf-8", "surrogateescape"))
+
+
+def _where(h: dm.HunkDrift) -> str:
+    return f"{h.file}:{h.old_start}"
+
+
+class _Carrier:
+    """The state of a rebase between patches: the two working copies and what was left out."""
+
+    def __init__(self, series: Series, lead: Follow, work: _Copy, base: _Copy) -> None:
+        self.series = series
+        self.lead = lead
+        self.work = work
+        self.base = base
+        self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
+
+    def carry(self, patch: Patch) -> _Outcome:
+        self.work.load(patch.paths)
+        self.base.load(patch.paths)
+        with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
+            presult = run.patches[0]
+            text_after = dict(run.files) if presult.applied else None
+        drift = self.lead.patch(presult, self.work.files)
+        before_base = {rel: self.base.files[rel] for rel in patch.paths}
+        with apply_hunks([patch], self.base.root, fuzz=0) as on_base:
+            after_base = dict(on_base.files) if on_base.patches[0].applied else None
+        outcome = self._decide(patch, drift, text_after, before_base, after_base)
+        if after_base is not None:
+            for rel, data in after_base.items():
+                self.base.put(rel, data)
+        if outcome.status == NEEDS_HUMAN:
+            brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
+            for name in brings - self.lead.base.all_words - self.lead.target.all_words:
+                self.left_out.setdefault(name, patch.name)
+        else:
+            for rel, data in outcome.after.items():
+                self.work.put(rel, data)
+        return outcome
+
+    def _decide(self, patch: Patch, drift: dm.PatchDrift, text_after: dict[str, bytes | None]
+                | None, before_base: dict[str, bytes | None],
+                after_base: dict[str, bytes | None] | None) -> _Outcome:
+        hunks = drift.hunks
+        if all(h.status in _THERE for h in hunks):
+            return _Outcome(DROPPED, "; ".join(dict.fromkeys(
+                f"{_where(h)}: {h.reason}" for h in hunks)))
+        pairs = list(zip(patch.hunks, hunks, strict=True)) if patch.hunks else []
+        stuck = [h for h in hunks if h.status == dm.CONFLICT]
+        if not pairs:
+            return self._human(patch, drift, stuck[0].reason if stuck else "nothing to carry")
+        review: list[str] = []
+        how: list[str] = []
+        after: dict[str, bytes | None] = {}
+        status = UNCHANGED
+        for f in patch.files:
+            mine = [(h, d) for h, d in pairs if h.path == f.path]
+            carry = [(h, d) for h, d in mine if d.status not in _THERE]
+            skipped = [d for _, d in mine if d.status in _THERE]
+            for d in skipped:
+                how.append(f"{_where(d)} is in the target already ({d.reason}); carried "
+                           "without it")
+            if not carry:
+                continue
+            result = self._file(f, carry, skipped, before_base, after_base, text_after)
+            if result is None:
+                worst = next((d for _, d in carry if d.status == dm.CONFLICT), carry[0][1])
+                return self._human(patch, drift, f"{_where(worst)}: {worst.reason}")
+            file_status, changes, said, concerns = result
+            after.update(changes)
+            how += said
+            review += concerns
+            status = max(status, file_status, key=STATUSES.index)
+        review += [f"it uses {s.symbol}: {s.detail}" for s in drift.semantic]
+        for name in identifiers(line for h in patch.hunks for line in h.added):
+            if name in self.left_out:
+                review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
+                              "was left out")
+        if not how:
+            offsets = sorted({d.offset for _, d in pairs if d.offset})
+            how.append("applies as it is" if not offsets else
+                       "applies " + ", ".join(f"{o:+d}" for o in offsets) + " lines away")
+        if review:
+            return _Outcome(NEEDS_REVIEW, "; ".join(review) + "; " + "; ".join(how), after)
+        return _Outcome(status, "; ".join(how), after)
+
+    def _file(self, f: FileDiff, carry: list[tuple[Hunk, dm.HunkDrift]],
+              skipped: list[dm.HunkDrift], before_base: dict[str, bytes | None],
+              after_base: dict[str, bytes | None] | None,
+              text_after: dict[str, bytes | None] | None
+              ) -> tuple[str, dict[str, bytes | None], list[str], list[str]] | None:
+        """One file of the patch: its status, the target files it changes, what was done,
+        and what a reviewer must check; None when nothing is safe."""
+        statuses = {d.status for _, d in carry}
+        rel = f.path
+        mine = self.work.get(rel)
+        if statuses <= set(_LANDS):
+            if not skipped and text_after is not None:
+                return UNCHANGED, _only(text_after, f), [], []
+            return self._apply_alone(f, carry, skipped)
+        merged = self._merge3(f, [h for h, _ in carry], before_base)
+        if merged is not None:
+            return MERGED, {rel: merged}, [f"{_where(d)}: {d.reason}; merged 3-way"
+                                           for _, d in carry if d.status not in _LANDS], []
+        if dm.CONFLICT in statuses:
+            return None
+        # Hunk by hunk: the ones that land where they are, then each relocated one, merged
+        # one by one against the file before the patch.
+        landed = [h for h, d in carry if d.status in (*_LANDS, dm.FUZZ)]
+        pieces: dict[str, list[bytes]] = {}
+        concerns: list[str] = []
+        said: list[str] = []
+        if landed and mine is not None:
+            with apply_hunks([_sub_patch(f, landed)], self.work.root, fuzz=FUZZ_LIMIT) as run:
+                if not run.patches[0].applied:
+                    return None
+                pieces.setdefault(rel, []).append(run.files[rel] or b"")
+        for hunk, d in carry:
+            if d.status == dm.FUZZ:
+                concerns.append(f"{_where(d)} lands only with fuzz {d.fuzz} and no 3-way "
+                                "merge is clean")
+            if d.status != dm.RELOCATED:
+                continue
+            landing = self.lead.landing(hunk)
+            if landing is None:
+                return None
+            self.work.load([landing.file])
+            pieces.setdefault(landing.file, []).append(landing.data)
+            said.append(f"{_where(d)}: {d.reason}")
+            if landing.fuzz:
+                concerns.append(f"{_where(d)} lands in {landing.file} only with fuzz "
+                                f"{landing.fuzz}")
+            if landing.guess:
+                concerns.append(f"{_where(d)}: {landing.guess}")
+        changes: dict[str, bytes | None] = {}
+        for target, versions in pieces.items():
+            ancestor = self.work.get(target)
+            if ancestor is None:
+                return None
+            result = versions[0]
+            for other in versions[1:]:
+                result, conflicts = merge3(result, ancestor, other)
+                if conflicts:
+                    return None
+            changes[target] = result
+        return RELOCATED, changes, said, concerns
+
+    def _apply_alone(self, f: FileDiff, carry: list[tuple[Hunk, dm.HunkDrift]],
+                     skipped: list[dm.HunkDrift]
+                     ) -> tuple[str, dict[str, bytes | None], list[str], list[str]] | None:
+        """The hunks that land where they are, without those the target has already."""
+        with apply_hunks([_sub_patch(f, [h for h, _ in carry])], self.work.root,
+                         fuzz=0) as run:
+            if not run.patches[0].applied:
+                return None
+            changes = {rel: run.files[rel] for rel in run.files}
+        verbatim = all(d.status == dm.ALREADY_APPLIED for d in skipped)
+        return (MERGED if verbatim else NEEDS_REVIEW), changes, [], [] if verbatim else [
+            f"{_where(d)} was left out as present upstream in another form" for d in skipped]
+
+    def _merge3(self, f: FileDiff, hunks: list[Hunk],
+                before_base: dict[str, bytes | None]) -> bytes | None:
+        """The target's file merged with what `hunks` do to the base file, when the base and
+        the target both have it and the merge is clean."""
+        if f.status != "modified":
+            return None
+        ours, base = self.work.get(f.path), before_base.get(f.path)
+        if ours is None or base is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
+            root = Path(tmp)
+            (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+            (root / f.path).write_bytes(base)
+            with apply_hunks([_sub_patch(f, hunks)], root, fuzz=0) as run:
+                theirs = run.files.get(f.path) if run.patches[0].applied else None
+        if theirs is None:
+            return None
+        merged, conflicts = merge3(ours, base, theirs)
+        return None if conflicts else merged
+
+    def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str) -> _Outcome:
+        return _Outcome(NEEDS_HUMAN, reason, conflict=self._side_file(patch, drift, reason))
+
+    def _side_file(self, patch: Patch, drift: dm.PatchDrift, reason: str) -> str:
+        """Both sides of a patch that needs a human: each hunk as the series has it, what
+        drift found in the target, its nearest match there, and the 3-way merge's conflicts
+        where the base and the target both have the file."""
+        out = [f"portkit rebase: {patch.name} needs a human", f"Subject: {patch.subject}",
+               f"Reason: {reason}", ""]
+        for number, (hunk, d) in enumerate(zip(patch.hunks, drift.hunks, strict=False), 1):
+            out += [f"=== hunk {number}: {hunk.path} @@ -{hunk.old_start},{hunk.old_len} "
+                    f"({d.status})", f"why: {d.reason}",
+                    "--- the series (as the patch changes the base):", hunk.body.rstrip("\n")]
+            if d.nearest is not None:
+                out += [f"--- the target, nearest match at {d.nearest.file}:{d.nearest.line}:",
+                        d.nearest.text]
+            else:
+                out.append("--- the target: no near match")
+            out.append("")
+        for f in patch.files:
+            ours, base = self.work.get(f.path), self.base.files.get(f.path)
+            if f.status != "modified" or ours is None or base is None:
+                continue
+            with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
+                root = Path(tmp)
+                (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+                (root / f.path).write_bytes(base)
+                with apply_hunks([_sub_patch(f, f.hunks)], root, fuzz=0) as run:
+                    theirs = run.files.get(f.path) if run.patches[0].applied else None
+            if theirs is None:
+                continue
+            merged, conflicts = merge3(ours, base, theirs)
+            if conflicts:
+                out += [f"=== {f.path}: git merge-file (target | base | series), "
+                        f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
+        return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _only(files: dict[str, bytes | None], f: FileDiff) -> dict[str, bytes | None]:
+    return {rel: files[rel] for rel in (f.old_path, f.new_path) if rel is not None}
+
+
+def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
+    """The conflict-marked regions of a merge result, with a few lines around each."""
+    lines = merged.decode("utf-8", "surrogateescape").splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("<<<<<<< "):
+            i += 1
+            continue
+        end = next((k for k in range(i, len(lines)) if lines[k].startswith(">>>>>>> ")),
+                   len(lines) - 1)
+        lo, hi = max(i - context, 0), min(end + context + 1, len(lines))
+        out += [f"@ line {lo + 1}", *lines[lo:hi], ""]
+        i = end + 1
+    return out
+
+
+# -- the whole series -----------------------------------------------------------------------
+
+
+def _written(patch: Patch, diff: str, conventions: Conventions) -> Patch:
+    """The patch with `diff` for its diff, written as the series writes its patches: the
+    same mail (or preamble), file name and signature."""
+    if patch.is_mail and patch.author is not None and patch.date is not None:
+        text = render_mail(conventions, subject=patch.subject, body=patch.body,
+                           author=patch.author, date=patch.date, diff=diff,
+                           number=patch.number or 1, total=patch.total or 1)
+    else:
+        text = patch.header + diff + patch.trailer
+    if patch.crlf:
+        text = text.replace("\n", "\r\n")
+    return parse_patch(patch.name, text.encode("utf-8", "surrogateescape"), strip=patch.strip)
+
+
+def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
+           series_label: str = "series", target_label: str = "target") -> Rebased:
+    """Carry `series` (written against `base`, or against `fork` with the series taken out)
+    onto `target`. Nothing is written: see write_rebased."""
+    abbrev, headings = _style(series)
+    with follow(series, base, target, target_label, fork) as lead, \
+            _scratch("portkit-rebase-") as tmp:
+        carrier = _Carrier(series, lead, _Copy(lead.target.root, tmp / "work"),
+                           _Copy(lead.base.root, tmp / "base"))
+        rows: list[RebasedPatch] = []
+        carried: list[Patch] = []
+        side: dict[str, bytes] = {}
+        for patch in series.patches:
+            had = dict(carrier.work.files)
+            outcome = carrier.carry(patch)
+            if outcome.status in (DROPPED, NEEDS_HUMAN):
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
+                    if outcome.status == NEEDS_HUMAN else None
+                if name is not None:
+                    side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
+                rows.append(RebasedPatch(patch.name, patch.subject, outcome.status,
+                                         outcome.reason, None, name))
+                continue
+            before = {rel: had[rel] if rel in had else carrier.work.original(rel)
+                      for rel in outcome.after}
+            diff = git_diff(before, outcome.after, abbrev=abbrev, prefix=patch.strip != 0,
+                            renames=any(f.status == "renamed" for f in patch.files))
+            if not series.conventions.index_lines:
+                diff = re.sub(r"^index .*\n", "", diff, flags=re.M)
+            if not headings:
+                diff = _HEADING.sub(r"\1", diff)
+            if not diff:
+                rows.append(RebasedPatch(patch.name, patch.subject, DROPPED,
+                                         f"it changes nothing on the target ({outcome.reason})",
+                                         None))
+                continue
+            carried.append(_written(patch, diff, series.conventions))
+            rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
+                                     patch.name))
+    report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
+                          target_label, target.pin, tuple(rows))
+    out = Series(series.folder, series.kind, tuple(carried), series.conventions)
+    return Rebased(report, out, side)
+
+
+@contextmanager
+def _scratch(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+def write_rebased(rebased: Rebased, out: Path) -> None:
+    """Write the carried series and the side files to `out` (absent or empty) all at once:
+    they are made in a hidden sibling and renamed into place."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.portkit-"))
+    try:
+        for rel, data in rebased.files().items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
