@@ -190,8 +190,9 @@ class _Copy:
         self.root = root
         self.files: dict[str, bytes | None] = {}
 
-    def original(self, rel: str) -> bytes | None:
-        path = self.source / rel
+    def original(self, rel: str, *, here: bool = False) -> bytes | None:
+        """The file in the source tree (or, `here`, in the working copy)."""
+        path = (self.root if here else self.source) / rel
         return path.read_bytes() if path.is_file() else None
 
     def load(self, rels: Sequence[str]) -> None:
@@ -216,19 +217,29 @@ class _Copy:
 # -- git's tools, sealed -------------------------------------------------------------------
 
 
-def merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str] = (
-        "target", "base", "series")) -> tuple[bytes, int]:
+def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
+           labels: tuple[str, str, str] = ("target", "base", "series")) -> tuple[bytes, int]:
     """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict
-    markers, diff3 style, where they conflict) and how many conflicts there are."""
-    with tempfile.TemporaryDirectory(prefix="portkit-merge-") as tmp:
-        root = Path(tmp)
-        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            (root / name).write_bytes(data)
-        done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-                    "ours", "base", "theirs"], cwd=root, check=False, ceiling=root)
-        if done.returncode < 0 or done.returncode > 127:
-            raise PortkitError(f"git merge-file failed: {done.stderr.strip()}")
-        return (root / "ours").read_bytes(), done.returncode
+    markers, diff3 style, where they conflict) and how many conflicts there are. `room` is a
+    folder to work in (a temporary one by default)."""
+    if room is None:
+        with _scratch("portkit-merge-") as tmp:
+            return merge3(ours, base, theirs, room=tmp, labels=labels)
+    for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+        (room / name).write_bytes(data)
+    done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                "ours", "base", "theirs"], cwd=room, check=False, ceiling=room)
+    if done.returncode < 0 or done.returncode > 127:
+        raise PortkitError(f"git merge-file failed: {done.stderr.strip()}")
+    return (room / "ours").read_bytes(), done.returncode
+
+
+def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
+    """`git apply` of `patch` to the files under `root` (no repository); whether it did."""
+    (room / "apply.patch").write_bytes(patch)
+    done = git(["apply", f"-p{strip}", "--whitespace=nowarn", room / "apply.patch"],
+               cwd=root, check=False, ceiling=root)
+    return done.returncode == 0
 
 
 def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
@@ -272,6 +283,25 @@ def _style(series: Series) -> tuple[int, bool]:
 # -- one patch ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """One hunk (or a file's hunks that land as they are) carried: how, the target file it
+    changes and that file's bytes with it, what was done and what a reviewer must check."""
+
+    status: str
+    file: str
+    data: bytes | None
+    said: str = ""
+    concern: str = ""
+
+
+def _by_file(pieces: Sequence[_Piece]) -> dict[str, list[bytes | None]]:
+    out: dict[str, list[bytes | None]] = {}
+    for piece in pieces:
+        out.setdefault(piece.file, []).append(piece.data)
+    return out
+
+
 @dataclass
 class _Outcome:
     status: str
@@ -296,11 +326,14 @@ def _where(h: dm.HunkDrift) -> str:
 class _Carrier:
     """The state of a rebase between patches: the two working copies and what was left out."""
 
-    def __init__(self, series: Series, lead: Follow, work: _Copy, base: _Copy) -> None:
+    def __init__(self, series: Series, lead: Follow, scratch: Path) -> None:
         self.series = series
         self.lead = lead
-        self.work = work
-        self.base = base
+        self.work = _Copy(lead.target.root, scratch / "work")
+        self.base = _Copy(lead.base.root, scratch / "base")
+        self.room = scratch / "room"  # where merges and single hunks are made
+        for folder in (self.room / "hunk", self.base.root, self.work.root):
+            folder.mkdir(parents=True)
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
 
     def carry(self, patch: Patch) -> _Outcome:
@@ -311,12 +344,11 @@ class _Carrier:
             text_after = dict(run.files) if presult.applied else None
         drift = self.lead.patch(presult, self.work.files)
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
-        with apply_hunks([patch], self.base.root, fuzz=0) as on_base:
-            after_base = dict(on_base.files) if on_base.patches[0].applied else None
-        outcome = self._decide(patch, drift, text_after, before_base, after_base)
-        if after_base is not None:
-            for rel, data in after_base.items():
-                self.base.put(rel, data)
+        # The base takes the whole series as it is: git apply, as it was written there.
+        if git_apply(self.base.root, patch.data, self.room, patch.strip):
+            for rel in patch.paths:
+                self.base.files[rel] = self.base.original(rel, here=True)
+        outcome = self._decide(patch, drift, text_after, before_base)
         if outcome.status == NEEDS_HUMAN:
             brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
             for name in brings - self.lead.base.all_words - self.lead.target.all_words:
@@ -327,149 +359,146 @@ class _Carrier:
         return outcome
 
     def _decide(self, patch: Patch, drift: dm.PatchDrift, text_after: dict[str, bytes | None]
-                | None, before_base: dict[str, bytes | None],
-                after_base: dict[str, bytes | None] | None) -> _Outcome:
+                | None, before_base: dict[str, bytes | None]) -> _Outcome:
         hunks = drift.hunks
         if all(h.status in _THERE for h in hunks):
             return _Outcome(DROPPED, "; ".join(dict.fromkeys(
                 f"{_where(h)}: {h.reason}" for h in hunks)))
-        pairs = list(zip(patch.hunks, hunks, strict=True)) if patch.hunks else []
-        stuck = [h for h in hunks if h.status == dm.CONFLICT]
-        if not pairs:
-            return self._human(patch, drift, stuck[0].reason if stuck else "nothing to carry")
-        review: list[str] = []
-        how: list[str] = []
+        if not patch.hunks:  # a binary patch, a rename alone: drift has no hunk to follow
+            return self._human(patch, drift, "; ".join(h.reason for h in hunks), before_base)
+        pairs = list(zip(patch.hunks, hunks, strict=True))
+        carry = [(h, d) for h, d in pairs if d.status not in _THERE]
+        skipped = [d for _, d in pairs if d.status in _THERE]
+        status, review, how = UNCHANGED, [], []
+        if skipped:
+            status = MERGED if all(d.status == dm.ALREADY_APPLIED for d in skipped) \
+                else NEEDS_REVIEW
+            how += [f"{_where(d)} is in the target already ({d.reason}); carried without it"
+                    for d in skipped]
+        if all(d.status in _LANDS for _, d in carry) and not skipped and text_after is not None:
+            pieces = [_Piece(UNCHANGED, rel, data) for rel, data in text_after.items()]
+        else:
+            found = self._pieces(patch, carry, before_base)
+            if isinstance(found, str):
+                return self._human(patch, drift, found, before_base)
+            pieces = found
         after: dict[str, bytes | None] = {}
-        status = UNCHANGED
-        for f in patch.files:
-            mine = [(h, d) for h, d in pairs if h.path == f.path]
-            carry = [(h, d) for h, d in mine if d.status not in _THERE]
-            skipped = [d for _, d in mine if d.status in _THERE]
-            for d in skipped:
-                how.append(f"{_where(d)} is in the target already ({d.reason}); carried "
-                           "without it")
-            if not carry:
-                continue
-            result = self._file(f, carry, skipped, before_base, after_base, text_after)
-            if result is None:
-                worst = next((d for _, d in carry if d.status == dm.CONFLICT), carry[0][1])
-                return self._human(patch, drift, f"{_where(worst)}: {worst.reason}")
-            file_status, changes, said, concerns = result
-            after.update(changes)
-            how += said
-            review += concerns
-            status = max(status, file_status, key=STATUSES.index)
+        for rel, versions in _by_file(pieces).items():
+            combined = self._combine(rel, versions)
+            if combined is None:
+                return self._human(patch, drift, f"the hunks carried into {rel} overlap",
+                                   before_base)
+            after[rel] = combined
+        for piece in pieces:
+            status = max(status, piece.status, key=STATUSES.index)
+            how += [piece.said] if piece.said else []
+            review += [piece.concern] if piece.concern else []
         review += [f"it uses {s.symbol}: {s.detail}" for s in drift.semantic]
         for name in identifiers(line for h in patch.hunks for line in h.added):
             if name in self.left_out:
                 review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
                               "was left out")
         if not how:
-            offsets = sorted({d.offset for _, d in pairs if d.offset})
+            offsets = sorted({d.offset for _, d in carry if d.offset})
             how.append("applies as it is" if not offsets else
                        "applies " + ", ".join(f"{o:+d}" for o in offsets) + " lines away")
-        if review:
-            return _Outcome(NEEDS_REVIEW, "; ".join(review) + "; " + "; ".join(how), after)
+        if review or status == NEEDS_REVIEW:
+            return _Outcome(NEEDS_REVIEW, "; ".join(review + how), after)
         return _Outcome(status, "; ".join(how), after)
 
-    def _file(self, f: FileDiff, carry: list[tuple[Hunk, dm.HunkDrift]],
-              skipped: list[dm.HunkDrift], before_base: dict[str, bytes | None],
-              after_base: dict[str, bytes | None] | None,
-              text_after: dict[str, bytes | None] | None
-              ) -> tuple[str, dict[str, bytes | None], list[str], list[str]] | None:
-        """One file of the patch: its status, the target files it changes, what was done,
-        and what a reviewer must check; None when nothing is safe."""
-        statuses = {d.status for _, d in carry}
-        rel = f.path
-        mine = self.work.get(rel)
-        if statuses <= set(_LANDS):
-            if not skipped and text_after is not None:
-                return UNCHANGED, _only(text_after, f), [], []
-            return self._apply_alone(f, carry, skipped)
-        merged = self._merge3(f, [h for h, _ in carry], before_base)
-        if merged is not None:
-            return MERGED, {rel: merged}, [f"{_where(d)}: {d.reason}; merged 3-way"
-                                           for _, d in carry if d.status not in _LANDS], []
-        if dm.CONFLICT in statuses:
-            return None
-        # Hunk by hunk: the ones that land where they are, then each relocated one, merged
-        # one by one against the file before the patch.
-        landed = [h for h, d in carry if d.status in (*_LANDS, dm.FUZZ)]
-        pieces: dict[str, list[bytes]] = {}
-        concerns: list[str] = []
-        said: list[str] = []
-        if landed and mine is not None:
-            with apply_hunks([_sub_patch(f, landed)], self.work.root, fuzz=FUZZ_LIMIT) as run:
-                if not run.patches[0].applied:
-                    return None
-                pieces.setdefault(rel, []).append(run.files[rel] or b"")
-        for hunk, d in carry:
-            if d.status == dm.FUZZ:
-                concerns.append(f"{_where(d)} lands only with fuzz {d.fuzz} and no 3-way "
-                                "merge is clean")
-            if d.status != dm.RELOCATED:
-                continue
+    def _pieces(self, patch: Patch, carry: list[tuple[Hunk, dm.HunkDrift]],
+                before_base: dict[str, bytes | None]) -> list[_Piece] | str:
+        """Each hunk carried on its own (the ones that land as they are, file by file, in
+        one go): the file it changes and that file's bytes with it; or why one cannot be."""
+        pieces: list[_Piece] = []
+        for f in patch.files:
+            mine = [(h, d) for h, d in carry if h.path == f.path]
+            lands = [h for h, d in mine if d.status in _LANDS]
+            if lands:
+                data = self._apply(f, lands, self.work.root, fuzz=0)
+                if data is None:
+                    return f"{f.path}: its hunks no longer apply together"
+                pieces.append(_Piece(UNCHANGED, f.path, data))
+            for hunk, d in mine:
+                if d.status in _LANDS:
+                    continue
+                piece = self._hunk(f, hunk, d, before_base)
+                if piece is None:
+                    return f"{_where(d)}: {d.reason}"
+                pieces.append(piece)
+        return pieces
+
+    def _hunk(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
+              before_base: dict[str, bytes | None]) -> _Piece | None:
+        """One hunk that does not land as it is: merged 3-way where the base and the target
+        have its file, else where drift relocated it, else (fuzz) where GNU patch puts it."""
+        if d.status == dm.RELOCATED:
             landing = self.lead.landing(hunk)
             if landing is None:
                 return None
             self.work.load([landing.file])
-            pieces.setdefault(landing.file, []).append(landing.data)
-            said.append(f"{_where(d)}: {d.reason}")
-            if landing.fuzz:
-                concerns.append(f"{_where(d)} lands in {landing.file} only with fuzz "
-                                f"{landing.fuzz}")
-            if landing.guess:
-                concerns.append(f"{_where(d)}: {landing.guess}")
-        changes: dict[str, bytes | None] = {}
-        for target, versions in pieces.items():
-            ancestor = self.work.get(target)
-            if ancestor is None:
-                return None
-            result = versions[0]
-            for other in versions[1:]:
-                result, conflicts = merge3(result, ancestor, other)
-                if conflicts:
-                    return None
-            changes[target] = result
-        return RELOCATED, changes, said, concerns
+            concerns = ([f"{_where(d)} lands in {landing.file} only with fuzz {landing.fuzz}"]
+                        if landing.fuzz else []) + (
+                [f"{_where(d)}: {landing.guess}"] if landing.guess else [])
+            return _Piece(RELOCATED, landing.file, landing.data, f"{_where(d)}: {d.reason}",
+                          "; ".join(concerns))
+        merged = self._merge3(f, hunk, before_base)
+        if merged is not None:
+            concern = (f"{_where(d)}: drift finds no place for it ({d.reason}), a 3-way merge "
+                       "does" if d.status == dm.CONFLICT else "")
+            return _Piece(MERGED, f.path, merged, f"{_where(d)}: {d.reason}; merged 3-way",
+                          concern)
+        if d.status != dm.FUZZ:
+            return None
+        data = self._apply(f, [hunk], self.work.root, fuzz=FUZZ_LIMIT)
+        if data is None:
+            return None
+        return _Piece(UNCHANGED, f.path, data, "", f"{_where(d)} lands only with fuzz "
+                      f"{d.fuzz} and no 3-way merge is clean")
 
-    def _apply_alone(self, f: FileDiff, carry: list[tuple[Hunk, dm.HunkDrift]],
-                     skipped: list[dm.HunkDrift]
-                     ) -> tuple[str, dict[str, bytes | None], list[str], list[str]] | None:
-        """The hunks that land where they are, without those the target has already."""
-        with apply_hunks([_sub_patch(f, [h for h, _ in carry])], self.work.root,
-                         fuzz=0) as run:
+    def _apply(self, f: FileDiff, hunks: Sequence[Hunk], root: Path, fuzz: int) -> bytes | None:
+        """The file `f` under `root` with `hunks` applied by the engine, or None."""
+        with apply_hunks([_sub_patch(f, hunks)], root, fuzz=fuzz) as run:
             if not run.patches[0].applied:
                 return None
-            changes = {rel: run.files[rel] for rel in run.files}
-        verbatim = all(d.status == dm.ALREADY_APPLIED for d in skipped)
-        return (MERGED if verbatim else NEEDS_REVIEW), changes, [], [] if verbatim else [
-            f"{_where(d)} was left out as present upstream in another form" for d in skipped]
+            return run.files.get(f.path) or b""
 
-    def _merge3(self, f: FileDiff, hunks: list[Hunk],
+    def _merge3(self, f: FileDiff, hunk: Hunk,
                 before_base: dict[str, bytes | None]) -> bytes | None:
-        """The target's file merged with what `hunks` do to the base file, when the base and
-        the target both have it and the merge is clean."""
+        """The target's file merged with what `hunk` does to the base file, when the base and
+        the target both have the file and the merge is clean."""
         if f.status != "modified":
             return None
         ours, base = self.work.get(f.path), before_base.get(f.path)
         if ours is None or base is None:
             return None
-        with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
-            root = Path(tmp)
-            (root / f.path).parent.mkdir(parents=True, exist_ok=True)
-            (root / f.path).write_bytes(base)
-            with apply_hunks([_sub_patch(f, hunks)], root, fuzz=0) as run:
-                theirs = run.files.get(f.path) if run.patches[0].applied else None
-        if theirs is None:
+        where = self.room / "hunk" / f.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_bytes(base)
+        if not git_apply(self.room / "hunk", _sub_patch(f, [hunk]).data, self.room):
             return None
-        merged, conflicts = merge3(ours, base, theirs)
+        merged, conflicts = merge3(ours, base, where.read_bytes(), room=self.room)
         return None if conflicts else merged
 
-    def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str) -> _Outcome:
-        return _Outcome(NEEDS_HUMAN, reason, conflict=self._side_file(patch, drift, reason))
+    def _combine(self, rel: str, versions: list[bytes | None]) -> bytes | None:
+        """One file changed by several pieces, each made from the file before the patch."""
+        ancestor = self.work.get(rel)
+        result = versions[0]
+        for other in versions[1:]:
+            if ancestor is None or result is None or other is None:
+                return None
+            result, conflicts = merge3(result, ancestor, other, room=self.room)
+            if conflicts:
+                return None
+        return result
 
-    def _side_file(self, patch: Patch, drift: dm.PatchDrift, reason: str) -> str:
+    def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str,
+               before_base: dict[str, bytes | None]) -> _Outcome:
+        return _Outcome(NEEDS_HUMAN, reason,
+                        conflict=self._side_file(patch, drift, reason, before_base))
+
+    def _side_file(self, patch: Patch, drift: dm.PatchDrift, reason: str,
+                   before_base: dict[str, bytes | None]) -> str:
         """Both sides of a patch that needs a human: each hunk as the series has it, what
         drift found in the target, its nearest match there, and the 3-way merge's conflicts
         where the base and the target both have the file."""
@@ -486,26 +515,16 @@ class _Carrier:
                 out.append("--- the target: no near match")
             out.append("")
         for f in patch.files:
-            ours, base = self.work.get(f.path), self.base.files.get(f.path)
-            if f.status != "modified" or ours is None or base is None:
+            ours, base, theirs = (self.work.get(f.path), before_base.get(f.path),
+                                  self.base.files.get(f.path))
+            if f.status != "modified" or ours is None or base is None or theirs is None \
+                    or theirs == base:
                 continue
-            with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
-                root = Path(tmp)
-                (root / f.path).parent.mkdir(parents=True, exist_ok=True)
-                (root / f.path).write_bytes(base)
-                with apply_hunks([_sub_patch(f, f.hunks)], root, fuzz=0) as run:
-                    theirs = run.files.get(f.path) if run.patches[0].applied else None
-            if theirs is None:
-                continue
-            merged, conflicts = merge3(ours, base, theirs)
+            merged, conflicts = merge3(ours, base, theirs, room=self.room)
             if conflicts:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
-
-
-def _only(files: dict[str, bytes | None], f: FileDiff) -> dict[str, bytes | None]:
-    return {rel: files[rel] for rel in (f.old_path, f.new_path) if rel is not None}
 
 
 def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
@@ -549,8 +568,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     abbrev, headings = _style(series)
     with follow(series, base, target, target_label, fork) as lead, \
             _scratch("portkit-rebase-") as tmp:
-        carrier = _Carrier(series, lead, _Copy(lead.target.root, tmp / "work"),
-                           _Copy(lead.base.root, tmp / "base"))
+        carrier = _Carrier(series, lead, tmp)
         rows: list[RebasedPatch] = []
         carried: list[Patch] = []
         side: dict[str, bytes] = {}
