@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -370,6 +371,8 @@ class _Target:
         self.starts: dict[tuple[str, int, int, str], int] = {}
         self.places: dict[tuple[str, str, int], tuple[Candidate | None, str]] = {}
         self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
+        self.follow_lines = False  # map the index's lines into `current` (see _line_now)
+        self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
 
     def run(self) -> TargetDrift:
         with apply_hunks(self.series, self.target.root, fuzz=FUZZ_LIMIT) as result:
@@ -650,9 +653,27 @@ class _Target:
         """Try the hunk, in the target's spelling, inside `tsym`: (line, offset, fuzz) where it
         lands, or None."""
         into = self.base_start(hunk) + 1 - base_sym.start_line
-        return self._trial(hunk, tsym.file, max(1, tsym.start_line + into),
+        now = self._line_now
+        return self._trial(hunk, tsym.file, max(1, now(tsym.file, tsym.start_line) + into),
                            self.renames(hunk, base_sym, tsym),
-                           (tsym.start_line - 3, tsym.end_line + 3))
+                           (now(tsym.file, tsym.start_line - 3), now(tsym.file, tsym.end_line + 3)))
+
+    def _line_now(self, rel: str, line: int) -> int:
+        """A line of the target's file as upstream has it, in the file as the earlier patches
+        left it: the same line when not `follow_lines` (drift's own runs, where the index's
+        lines stand for both)."""
+        current = self.current.get(rel) if self.follow_lines else None
+        upstream = self.target.text(rel) if current is not None else None
+        if current is None or upstream is None:
+            return line
+        if self._blocks.get(rel, (None, []))[0] is not current:
+            matcher = SequenceMatcher(None, upstream.splitlines(), current.decode(
+                "utf-8", errors="surrogateescape").splitlines(), autojunk=False)
+            self._blocks[rel] = (current, [(a, b) for a, b, _ in matcher.get_matching_blocks()])
+        blocks = self._blocks[rel][1]
+        at = bisect_right(blocks, (line - 1, len(current) + 1)) - 1
+        a, b = blocks[at] if at >= 0 else (0, 0)
+        return line + b - a
 
     def _trial(self, hunk: Hunk, rel: str, old_start: int, names: dict[str, str],
                span: tuple[int, int] | None, *,
@@ -977,6 +998,7 @@ class Follow:
 
     def __init__(self, target: _Target) -> None:
         self._target = target
+        target.follow_lines = True
 
     @property
     def base(self) -> Side:
@@ -996,6 +1018,33 @@ class Follow:
     def landing(self, hunk: Hunk) -> Landing | None:
         """Where the last patch's hunk went, when drift relocated it."""
         return self._target.landings.get(_hunk_key(hunk))
+
+    def strays(self, hunk: Hunk) -> str:
+        """Why a hunk whose text lands (at an offset, say) lands outside what its symbol in
+        the base became, that very symbol rather than any of its overloads; "" when it lands
+        inside, or when where it belongs is unknown."""
+        t = self._target
+        sym = t.base_symbol(hunk)
+        cand = t.located(sym)[0] if sym is not None else None
+        trial = t._trial(hunk, hunk.path, hunk.old_start, {}, None, upstream=True) \
+            if cand is not None else None
+        if sym is None or cand is None or trial is None:
+            return ""
+        tsym = cand.symbol
+        if tsym.file == hunk.path and tsym.start_line - 3 <= trial[0] <= tsym.end_line + 3:
+            return ""
+        return (f"its context is at line {trial[0]} of the target, but {sym.qualname} is "
+                f"{tsym.qualname} at {tsym.where}")
+
+    def relocate(self, hunk: Hunk) -> Landing | None:
+        """The hunk carried into what its symbol in the base became, as drift relocates a
+        hunk whose context is gone (when it can)."""
+        t = self._target
+        sym = t.base_symbol(hunk)
+        cand = t.located(sym)[0] if sym is not None else None
+        if sym is None or cand is None or t.relocate(hunk, sym, cand.symbol) is None:
+            return None
+        return t.landings.get(_hunk_key(hunk))
 
 
 @contextmanager

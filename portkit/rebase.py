@@ -375,7 +375,7 @@ class _Carrier:
                 else NEEDS_REVIEW
             how += [f"{_where(d)} is in the target already ({d.reason}); carried without it"
                     for d in skipped]
-        if all(d.status in _LANDS for _, d in carry) and not skipped and text_after is not None:
+        if all(d.status == dm.CLEAN for _, d in carry) and not skipped and text_after is not None:
             pieces = [_Piece(UNCHANGED, rel, data) for rel, data in text_after.items()]
         else:
             found = self._pieces(patch, carry, before_base)
@@ -408,34 +408,77 @@ class _Carrier:
 
     def _pieces(self, patch: Patch, carry: list[tuple[Hunk, dm.HunkDrift]],
                 before_base: dict[str, bytes | None]) -> list[_Piece] | str:
-        """Each hunk carried on its own (the ones that land as they are, file by file, in
+        """Each hunk carried on its own (the ones that apply where they say, file by file, in
         one go): the file it changes and that file's bytes with it; or why one cannot be."""
         pieces: list[_Piece] = []
         for f in patch.files:
             mine = [(h, d) for h, d in carry if h.path == f.path]
-            lands = [h for h, d in mine if d.status in _LANDS]
-            if lands:
-                data = self._apply(f, lands, self.work.root, fuzz=0)
+            clean = [h for h, d in mine if d.status == dm.CLEAN]
+            now = self.work.get(f.path) or b""
+            if clean:
+                data = self._git_apply(f, clean, now) if f.status == "modified" else \
+                    self._apply(f, clean, self.work.root, fuzz=0)
                 if data is None:
                     return f"{f.path}: its hunks no longer apply together"
                 pieces.append(_Piece(UNCHANGED, f.path, data))
             for hunk, d in mine:
-                if d.status in _LANDS:
+                if d.status == dm.CLEAN:
                     continue
-                piece = self._hunk(f, hunk, d, before_base)
-                if piece is None:
-                    return f"{_where(d)}: {d.reason}"
+                piece = self._offset(f, hunk, d, before_base) if d.status == dm.OFFSET \
+                    else self._hunk(f, hunk, d, before_base)
+                if isinstance(piece, str):
+                    return piece
                 pieces.append(piece)
         return pieces
 
+    def _offset(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
+                before_base: dict[str, bytes | None]) -> _Piece | str:
+        """A hunk GNU patch finds some lines away. The same context may be there twice (one
+        function written like another): unless a 3-way merge puts it at the same place, it
+        must land inside what its function became; else it is carried there, for review."""
+        mine = self.work.get(f.path)
+        alone = self._git_apply(f, [hunk], mine) if mine is not None else None
+        merged = self._merge3(f, hunk, before_base)
+        if alone is not None and alone == merged:
+            return _Piece(UNCHANGED, f.path, alone)
+        strays = self.lead.strays(hunk)
+        if strays:
+            landing = self.lead.relocate(hunk)
+            if landing is not None:
+                return _Piece(RELOCATED, landing.file, landing.data, f"{_where(d)}: relocated",
+                              f"{_where(d)}: {strays}; it was put there"
+                              + (f" ({landing.guess})" if landing.guess else ""))
+            if merged is not None:
+                return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
+                              f"{_where(d)}: {strays}; a 3-way merge put it somewhere")
+            return f"{_where(d)}: {strays}, and it cannot be carried there"
+        if alone is None:
+            return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way") \
+                if merged is not None else f"{_where(d)}: {d.reason}, but not on its own"
+        if merged is None:
+            return _Piece(UNCHANGED, f.path, alone)
+        return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
+                      f"{_where(d)}: GNU patch finds its context {d.offset:+d} lines away, "
+                      "but a 3-way merge puts it elsewhere")
+
+    def _git_apply(self, f: FileDiff, hunks: Sequence[Hunk], data: bytes) -> bytes | None:
+        """`data` (the file `f`) with `hunks` applied by git apply (no fuzz), or None."""
+        where = self.room / "hunk" / f.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_bytes(data)
+        if not git_apply(self.room / "hunk", _sub_patch(f, hunks).data, self.room):
+            return None
+        return where.read_bytes()
+
     def _hunk(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
-              before_base: dict[str, bytes | None]) -> _Piece | None:
-        """One hunk that does not land as it is: merged 3-way where the base and the target
-        have its file, else where drift relocated it, else (fuzz) where GNU patch puts it."""
+              before_base: dict[str, bytes | None]) -> _Piece | str:
+        """One hunk whose context is not where it says: where drift relocated it, else merged
+        3-way where the base and the target have its file, else (fuzz) where GNU patch puts
+        it, for review; or why none of that."""
         if d.status == dm.RELOCATED:
             landing = self.lead.landing(hunk)
             if landing is None:
-                return None
+                return f"{_where(d)}: {d.reason}, but drift cannot say how it reads there"
             self.work.load([landing.file])
             concerns = ([f"{_where(d)} lands in {landing.file} only with fuzz {landing.fuzz}"]
                         if landing.fuzz else []) + (
@@ -448,11 +491,10 @@ class _Carrier:
                        "does" if d.status == dm.CONFLICT else "")
             return _Piece(MERGED, f.path, merged, f"{_where(d)}: {d.reason}; merged 3-way",
                           concern)
-        if d.status != dm.FUZZ:
-            return None
-        data = self._apply(f, [hunk], self.work.root, fuzz=FUZZ_LIMIT)
+        data = self._apply(f, [hunk], self.work.root, fuzz=FUZZ_LIMIT) \
+            if d.status == dm.FUZZ else None
         if data is None:
-            return None
+            return f"{_where(d)}: {d.reason}"
         return _Piece(UNCHANGED, f.path, data, "", f"{_where(d)} lands only with fuzz "
                       f"{d.fuzz} and no 3-way merge is clean")
 
@@ -470,27 +512,32 @@ class _Carrier:
         if f.status != "modified":
             return None
         ours, base = self.work.get(f.path), before_base.get(f.path)
-        if ours is None or base is None:
+        theirs = self._git_apply(f, [hunk], base) if ours is not None and base is not None \
+            else None
+        if ours is None or base is None or theirs is None:
             return None
-        where = self.room / "hunk" / f.path
-        where.parent.mkdir(parents=True, exist_ok=True)
-        where.write_bytes(base)
-        if not git_apply(self.room / "hunk", _sub_patch(f, [hunk]).data, self.room):
-            return None
-        merged, conflicts = merge3(ours, base, where.read_bytes(), room=self.room)
+        merged, conflicts = merge3(ours, base, theirs, room=self.room)
         return None if conflicts else merged
 
     def _combine(self, rel: str, versions: list[bytes | None]) -> bytes | None:
-        """One file changed by several pieces, each made from the file before the patch."""
+        """One file changed by several pieces, each made from the file before the patch:
+        the lines each one changes, all put together; None when two of them touch."""
         ancestor = self.work.get(rel)
-        result = versions[0]
-        for other in versions[1:]:
-            if ancestor is None or result is None or other is None:
-                return None
-            result, conflicts = merge3(result, ancestor, other, room=self.room)
-            if conflicts:
-                return None
-        return result
+        if len(versions) == 1:
+            return versions[0]
+        if ancestor is None or any(v is None for v in versions):
+            return None
+        old = ancestor.splitlines(keepends=True)
+        regions = sorted(_region(old, v.splitlines(keepends=True))
+                         for v in versions if v is not None)
+        out: list[bytes] = []
+        at = 0
+        for start, end, lines in regions:
+            if start < at or (start == at and out and start == end):
+                return None  # two pieces change the same lines, or insert at one place
+            out += old[at:start] + lines
+            at = end
+        return b"".join(out + old[at:])
 
     def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str,
                before_base: dict[str, bytes | None]) -> _Outcome:
@@ -525,6 +572,17 @@ class _Carrier:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _region(old: list[bytes], new: list[bytes]) -> tuple[int, int, list[bytes]]:
+    """Where `new` differs from `old`: old[start:end] is replaced by the returned lines."""
+    start = 0
+    while start < min(len(old), len(new)) and old[start] == new[start]:
+        start += 1
+    end = 0
+    while end < min(len(old), len(new)) - start and old[-1 - end] == new[-1 - end]:
+        end += 1
+    return start, len(old) - end, new[start:len(new) - end]
 
 
 def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
