@@ -393,7 +393,12 @@ class _Carrier:
             status = max(status, piece.status, key=STATUSES.index)
             how += [piece.said] if piece.said else []
             review += [piece.concern] if piece.concern else []
-        review += [f"it uses {s.symbol}: {s.detail}" for s in drift.semantic]
+        written = self._new_lines(after)
+        for change in drift.semantic:
+            if change.change == "renamed" and not re.search(rf"\b{change.symbol}\b", written):
+                how.append(f"written with the target's name for {change.symbol}")
+            else:
+                review.append(f"it uses {change.symbol}: {change.detail}")
         for name in identifiers(line for h in patch.hunks for line in h.added):
             if name in self.left_out:
                 review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
@@ -518,6 +523,16 @@ class _Carrier:
             return None
         merged, conflicts = merge3(ours, base, theirs, room=self.room)
         return None if conflicts else merged
+
+    def _new_lines(self, after: dict[str, bytes | None]) -> str:
+        """The lines the carried patch writes (and those around them), as one text."""
+        out = []
+        for rel, data in after.items():
+            before = self.work.get(rel)
+            _, _, lines = _region((before or b"").splitlines(keepends=True),
+                                  (data or b"").splitlines(keepends=True))
+            out.append(b"".join(lines).decode("utf-8", "surrogateescape"))
+        return "".join(out)
 
     def _combine(self, rel: str, versions: list[bytes | None]) -> bytes | None:
         """One file changed by several pieces, each made from the file before the patch:
