@@ -46,7 +46,7 @@ from typing import Any
 
 from portkit import drift_model as dm
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers
-from portkit.errors import PortkitError, UsageError
+from portkit.errors import PortkitError, TreeError, UsageError
 from portkit.hunks import apply_hunks
 from portkit.proc import git
 from portkit.series import (
@@ -57,9 +57,11 @@ from portkit.series import (
     Series,
     parse_patch,
     quote_path,
+    read_series,
     render_mail,
 )
-from portkit.tree import Tree
+from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
+from portkit.tree import OLLAMA, Tree, pin_matches
 
 SCHEMA = "portkit-rebase/1"
 
@@ -139,6 +141,8 @@ class Rebased:
     report: RebaseReport
     series: Series
     side_files: dict[str, bytes] = field(default_factory=dict)
+    # the target's files the carried series changes, as it leaves them (by series path)
+    carried: dict[str, bytes | None] = field(default_factory=dict)
 
     def files(self) -> dict[str, bytes]:
         """Every file of --out, by relative path."""
@@ -672,10 +676,12 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             carried.append(_written(patch, diff, series.conventions))
             rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
                                      patch.name))
+        changed = {rel: data for rel, data in carrier.work.files.items()
+                   if data != carrier.work.original(rel)}
     report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
                           target_label, target.pin, tuple(rows))
     out = Series(series.folder, series.kind, tuple(carried), series.conventions)
-    return Rebased(report, out, side)
+    return Rebased(report, out, side, changed)
 
 
 @contextmanager
@@ -705,3 +711,267 @@ def write_rebased(rebased: Rebased, out: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# -- a fork: its vendored tree moved onto the target ------------------------------------------
+#
+# An ollama-style fork vendors llama.cpp in llama/llama.cpp and ggml in ml/backend/ggml/ggml,
+# each refreshed from upstream by rsync with the fork's own rules (.rsync-filter in each
+# folder), pins upstream in Makefile.sync (FETCH_HEAD) and keeps its series in llama/patches.
+
+FILTER = ".rsync-filter"
+_RULE_WORDS = {"include": "include", "+": "include", "exclude": "exclude", "-": "exclude",
+               "protect": "protect", "P": "protect", "risk": "risk", "R": "risk",
+               "show": "include", "S": "include", "hide": "exclude", "H": "exclude"}
+_SENDER = frozenset({"include", "exclude"})  # show and hide are read as these
+_RECEIVER = frozenset({"include", "exclude", "protect", "risk"})
+_FETCH_HEAD = re.compile(r"^(\s*FETCH_HEAD\s*[:?]?=\s*)([0-9a-fA-F]{7,40})(\s*)$", re.M)
+_LLAMA_COMMIT = re.compile(r'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of an rsync filter file: what it does and the pattern it matches, as rsync
+    matches it (a pattern with a slash against the path, else against the name; a leading
+    slash anchors it at the synced folder, a trailing one matches folders only; `*` stays
+    within a name, `**` does not, `dir/***` is the folder and all it holds)."""
+
+    action: str
+    pattern: str
+
+    def matches(self, rel: str, is_dir: bool) -> bool:
+        pattern = self.pattern
+        if pattern.endswith("/***"):
+            stem = pattern[:-4]
+            return Rule(self.action, stem + "/").matches(rel, is_dir) or \
+                Rule(self.action, stem + "/**").matches(rel, is_dir)
+        if pattern.endswith("/"):
+            if not is_dir:
+                return False
+            pattern = pattern[:-1]
+        anchored = pattern.startswith("/")
+        pattern = pattern.lstrip("/")
+        rx = _wildmatch(pattern)
+        parts = rel.split("/")
+        if anchored:
+            return bool(rx.fullmatch(rel))
+        if "/" in pattern:
+            return any(rx.fullmatch("/".join(parts[k:])) for k in range(len(parts)))
+        return bool(rx.fullmatch(parts[-1]))
+
+
+def _wildmatch(pattern: str) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        c = pattern[i]
+        end = pattern.find("]", i + 2) if c == "[" else -1
+        if c == "[" and end != -1:
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body[:1] in "!^" else body) + "]")
+            i = end + 1
+            continue
+        out.append("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def read_filter(path: Path) -> list[Rule]:
+    """The rules of an rsync filter file; none when there is no file. `clear` (or `!`)
+    forgets the rules before it; merge rules and modifiers are refused."""
+    if not path.is_file():
+        return []
+    rules: list[Rule] = []
+    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line in ("!", "clear"):
+            rules.clear()
+            continue
+        word, _, pattern = line.partition(" ")
+        word = word.rstrip(",")
+        if word not in _RULE_WORDS or not pattern.strip():
+            raise PortkitError(f"{path}:{number}: portkit does not read the rsync rule "
+                               f"{line!r} (only include, exclude, protect, risk, show, hide)")
+        rules.append(Rule(_RULE_WORDS[word], pattern.strip()))
+    return rules
+
+
+def _first(rules: Sequence[Rule], rel: str, is_dir: bool, actions: frozenset[str]) -> str:
+    return next((r.action for r in rules if r.action in actions and r.matches(rel, is_dir)),
+                "include")
+
+
+def _folders_pass(rules: Sequence[Rule], rel: str) -> bool:
+    parts = rel.split("/")
+    return all(_first(rules, "/".join(parts[:i]), True, _SENDER) == "include"
+               for i in range(1, len(parts)))
+
+
+def sent(rules: Sequence[Rule], rel: str) -> bool:
+    """Whether rsync sends the file `rel` (relative to the synced folder) under `rules`:
+    neither it nor a folder above it is excluded, the first matching rule deciding."""
+    return _folders_pass(rules, rel) and _first(rules, rel, False, _SENDER) == "include"
+
+
+def deleted(rules: Sequence[Rule], rel: str) -> bool:
+    """Whether rsync --delete removes `rel` from the receiving side when the sender does not
+    have it: it is neither excluded (nor a folder above it) nor protected."""
+    return _folders_pass(rules, rel) and _first(rules, rel, False, _RECEIVER) in (
+        "include", "risk")
+
+
+def _files(root: Path, rules: Sequence[Rule], skip: frozenset[str] = frozenset()) -> list[str]:
+    """The files under `root` that the rules let through, relative to it (`.git` and the
+    top-level names in `skip` left out; excluded folders not entered)."""
+    out: list[str] = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder).relative_to(root).as_posix()
+        prefix = "" if here == "." else here + "/"
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not (not prefix and d in skip)
+                         and _first(rules, prefix + d, True, _SENDER) == "include")
+        out += [prefix + n for n in sorted(names) if not (not prefix and n in skip)]
+    return out
+
+
+@dataclass
+class ForkMove:
+    """What `rebase --onto` does to a fork, all in one transaction: the vendored files
+    refreshed from the target with the carried series, the new pin, the new series."""
+
+    fork: Tree
+    rebased: Rebased
+    pin: str
+    changes: list[Write | Delete] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> list[RebasedPatch]:
+        """The patches that need a human: the fork is not moved while there are any."""
+        return [p for p in self.rebased.report.patches if p.status == NEEDS_HUMAN]
+
+    def describe(self) -> str:
+        """The plan, one line per change (for --dry-run)."""
+        old = self.fork.pin or "?"
+        lines = [f"move {self.fork.root} from {old[:12]} to {self.pin[:12]}:"]
+        lines += [f"  {'write' if isinstance(c, Write) else 'delete'} {c.rel}"
+                  for c in self.changes]
+        if self.blocked:
+            lines.append(f"blocked: {len(self.blocked)} patch(es) need a human: "
+                         + ", ".join(p.file for p in self.blocked))
+        return "\n".join(lines) + "\n"
+
+
+def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
+              target_label: str = "target") -> ForkMove:
+    """Carry the fork's series onto `target` (its base: `base`, else the fork with the series
+    taken out) and plan the move. Nothing is written: see move_fork."""
+    if fork.layout != OLLAMA or fork.series_dir is None:
+        raise UsageError(f"{fork.root} is not an ollama-style fork with llama/patches "
+                         "(give the series with --series)")
+    if target.pin is None or not re.fullmatch(r"[0-9a-fA-F]{7,40}", target.pin):
+        raise PortkitError(f"the commit of {target.root} is not known: the fork's pin cannot "
+                           "be moved to it (give a git target)")
+    series = read_series(fork.series_dir)
+    rebased = rebase(series, target, base=base, fork=None if base else fork,
+                     series_label=fork.series_dir.relative_to(fork.root).as_posix(),
+                     target_label=target_label)
+    move = ForkMove(fork, rebased, target.pin)
+    move.changes += _vendored(fork, target, rebased.carried)
+    move.changes += _pin_changes(fork, target.pin)
+    folder = fork.series_dir.relative_to(fork.root).as_posix()
+    kept = {p.name: p.data for p in rebased.series.patches}
+    for patch in series.patches:
+        if patch.name not in kept:
+            move.changes.append(Delete(f"{folder}/{patch.name}"))
+        elif kept[patch.name] != patch.data:
+            move.changes.append(Write(f"{folder}/{patch.name}", kept[patch.name]))
+    return move
+
+
+def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> list[Write | Delete]:
+    """The vendored files refreshed: each side (llama.cpp, ggml) sent from the target with
+    the carried series applied, under the fork's rules for that side."""
+    apart = not fork.ggml_root.is_relative_to(fork.llama_root)
+    sides = [(fork.llama_root, target.llama_root, "", frozenset({"ggml"}) if apart
+              else frozenset())]
+    if apart:
+        sides.append((fork.ggml_root, target.ggml_root, "ggml/", frozenset()))
+    changes: list[Write | Delete] = []
+    for mine, theirs, prefix, skip in sides:
+        rules = read_filter(mine / FILTER)
+        new: dict[str, bytes | None] = {rel: (theirs / rel).read_bytes()
+                                        for rel in _files(theirs, rules, skip)
+                                        if sent(rules, rel)}
+        for path, data in carried.items():
+            rel = path.removeprefix(prefix)
+            if path.startswith(prefix) and (prefix or not (apart and path.startswith("ggml/"))) \
+                    and sent(rules, rel):
+                new[rel] = data
+        here = mine.relative_to(fork.root).as_posix()
+        current = set(_files(mine, [], skip))
+        for rel, data in sorted(new.items()):
+            if data is None:
+                if rel in current:
+                    changes.append(Delete(f"{here}/{rel}"))
+            elif rel not in current or (mine / rel).read_bytes() != data:
+                changes.append(Write(f"{here}/{rel}", data))
+        changes += [Delete(f"{here}/{rel}") for rel in sorted(current - set(new))
+                    if rel != FILTER and deleted(rules, rel)]
+    return changes
+
+
+def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
+    """Makefile.sync's FETCH_HEAD (and llama/build-info.cpp's LLAMA_COMMIT, when it names
+    the old pin) set to `pin`."""
+    out: list[Write | Delete] = []
+    sync = fork.root / "Makefile.sync"
+    if sync.is_file():
+        text = sync.read_text()
+        if not _FETCH_HEAD.search(text):
+            raise PortkitError(f"{sync} has no FETCH_HEAD line to move")
+        out.append(Write("Makefile.sync", _FETCH_HEAD.sub(
+            lambda m: m.group(1) + pin + m.group(3), text, count=1).encode()))
+    info = fork.root / "llama" / "build-info.cpp"
+    if info.is_file() and fork.pin:
+        text = info.read_text()
+        new = _LLAMA_COMMIT.sub(lambda m: m.group(1) + pin + m.group(3)
+                                if pin_matches(m.group(2), fork.pin or "") else m.group(0), text)
+        if new != text:
+            out.append(Write("llama/build-info.cpp", new.encode()))
+    return out
+
+
+def move_fork(move: ForkMove) -> str | None:
+    """Make the move's changes to the fork in one transaction (under the fork's lock); a
+    failure anywhere leaves the fork as it was. Returns what the lock's settling said (a
+    roll-back of an earlier, killed portkit), if anything."""
+    if move.blocked:
+        raise PortkitError(f"{len(move.blocked)} patch(es) need a human "
+                           f"({', '.join(p.file for p in move.blocked)}): the fork is not moved")
+    root = move.fork.root
+    _refuse_uncommitted(root, [c.rel for c in move.changes])
+    with tree_lock(root):
+        said = settle(root, writer=True)
+        with transaction(root, f"rebase onto {move.pin[:12]}", move.changes):
+            checkpoint("rebase:written")
+    return said
+
+
+def _refuse_uncommitted(root: Path, rels: list[str]) -> None:
+    """Refuse to overwrite changes not committed in the fork's repository."""
+    if not (root / ".git").exists() or not rels:
+        return
+    status = git(["status", "--porcelain", "--untracked-files=all", "--", *rels], cwd=root,
+                 check=False)
+    if status.returncode != 0:
+        raise TreeError(f"cannot tell whether {root} has uncommitted changes: "
+                        f"{status.stderr.strip()}")
+    dirty = status.stdout.splitlines()
+    if dirty:
+        raise TreeError(f"uncommitted changes in {dirty[0][3:]}"
+                        + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
+                        + "; commit or stash them first")

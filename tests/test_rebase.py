@@ -26,13 +26,14 @@ import pytest
 
 from portkit import rebase as rb
 from portkit.drift import feature_of
-from portkit.errors import UsageError
+from portkit.errors import PortkitError, UsageError
 from portkit.hunks import apply_hunks
 from portkit.render import render, write_series
 from portkit.series import Patch, Series, read_series
+from portkit.transaction import TreeFiles, Write
 from portkit.tree import detect
 
-from .conftest import tree_bytes
+from .conftest import commit_all, tree_bytes
 from .test_series import OLLAMA_OPTIONS, GitRepo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -537,3 +538,122 @@ def test_fork_series_carries_as_by_hand_or_says_so(registry_tree, tmp_path, vers
             assert row.status in (rb.MERGED, rb.NEEDS_REVIEW) and "carried without it" \
                 in row.reason, row.file
     assert len(right) == len(series.patches), (flagged, wrong)
+
+
+# -- offline: a fork moved onto a newer tree ------------------------------------------------
+
+LLAMA_RULES = """\
+# what the fork vendors of llama.cpp
+protect *.go
+include /include/
+include /include/*.h
+include /src/
+include /src/**
+exclude *
+"""
+GGML_RULES = "include /include/\ninclude /include/*.h\nexclude *\n"
+
+
+@pytest.fixture
+def fork_and_target(fixture_fork, fixture_git_tree):
+    """A fork of the fixture tree shaped like 0.3.16, with vendoring rules, a file of its own
+    (Go) among the vendored ones, and the fixture tree shaped like 0.3.17 as a repository."""
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    (llama / rb.FILTER).write_text(LLAMA_RULES)
+    (llama / "llama.go").write_text("package llama\n")
+    (fork.root / "ml" / "backend" / "ggml" / "ggml" / rb.FILTER).write_text(GGML_RULES)
+    commit_all(fork.root, "vendoring rules")
+    target = fixture_git_tree("renamed")
+    (target / "README.md").write_text("not vendored\n")
+    commit_all(target, "a file the rules leave out")
+    return fork, target
+
+
+def test_fork_moves_onto_the_target_in_one_go(fork_and_target, tmp_path):
+    fork, target_root = fork_and_target
+    target = detect(target_root)
+    move = rb.plan_fork(detect(fork.root), target)
+    assert [p.status for p in move.rebased.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    before = tree_bytes(fork.root)
+    plan = move.describe()
+    assert "write Makefile.sync" in plan and "delete llama/llama.cpp/src/llama-kv-cache-" \
+        "unified.cpp" in plan and tree_bytes(fork.root) == before  # a plan writes nothing
+    rb.move_fork(move)
+    after = tree_bytes(fork.root)
+    assert f"FETCH_HEAD={target.pin}" in after["Makefile.sync"].decode()
+    assert target.pin in after["llama/build-info.cpp"].decode()
+    # the vendored files: the target's under the rules, with the carried series applied
+    carried = git_apply(read(target_root, ["src/llama.cpp", "src/llama-graph.cpp"]),
+                        read_series(fork.root / "llama" / "patches").patches, tmp_path / "c")
+    vendored = {rel.removeprefix("llama/llama.cpp/"): data for rel, data in after.items()
+                if rel.startswith("llama/llama.cpp/")}
+    upstream = tree_bytes(target_root)
+    wanted = {rel: carried.get(rel) or data for rel, data in upstream.items()
+              if rel.startswith(("src/", "include/"))}
+    assert {rel: data for rel, data in vendored.items() if rel.startswith(("src/", "include/"))} \
+        == wanted
+    assert "README.md" not in vendored  # the rules leave it out
+    assert vendored["llama.go"] == b"package llama\n"  # protected, and not the target's
+    assert vendored[rb.FILTER] == LLAMA_RULES.encode()
+    ggml = {rel: data for rel, data in after.items() if rel.startswith("ml/backend/ggml/ggml/")}
+    assert ggml["ml/backend/ggml/ggml/include/ggml.h"] == upstream["ggml/include/ggml.h"]
+    # the series in llama/patches is the carried one
+    assert sorted(p.name for p in read_series(fork.root / "llama" / "patches").patches) \
+        == fork.own_patches
+    assert not (fork.root / ".portkit").exists()
+
+
+def test_a_fork_move_that_fails_halfway_writes_nothing(fork_and_target, monkeypatch):
+    fork, target_root = fork_and_target
+    move = rb.plan_fork(detect(fork.root), detect(target_root))
+    writes = [c for c in move.changes if isinstance(c, Write)]
+    assert len(writes) > 4
+    before = tree_bytes(fork.root)
+    real = TreeFiles.write
+    done: list[str] = []
+
+    def failing(self, rel, data, mode, owner):  # the fifth file cannot be written, once
+        done.append(rel)
+        if len(done) == 5:
+            raise OSError(28, "No space left on device")
+        real(self, rel, data, mode, owner)
+
+    monkeypatch.setattr(TreeFiles, "write", failing)
+    with pytest.raises(OSError, match="No space left"):
+        rb.move_fork(move)
+    assert done[:5] == [c.rel for c in writes[:5]]  # four written, then rolled back
+    assert tree_bytes(fork.root) == before
+    assert not (fork.root / ".portkit").exists()
+
+
+def test_a_fork_with_a_patch_that_needs_a_human_is_not_moved(fork_and_target):
+    fork, target_root = fork_and_target
+    graph = target_root / "src" / "llama-graph.cpp"
+    text = graph.read_text()
+    graph.write_text(text.replace("    inputs.emplace_back(std::move(input));\n"
+                                  "    return inputs.back().get();\n",
+                                  "    return store(inputs, std::move(input));\n"))
+    commit_all(target_root, "upstream rewrites the function the fork's patch changes")
+    move = rb.plan_fork(detect(fork.root), detect(target_root))
+    assert [p.status for p in move.blocked] == [rb.NEEDS_HUMAN]
+    assert "blocked: 1 patch(es) need a human" in move.describe()
+    before = tree_bytes(fork.root)
+    with pytest.raises(PortkitError, match="need a human"):
+        rb.move_fork(move)
+    assert tree_bytes(fork.root) == before
+
+
+def test_rsync_rules_as_rsync_reads_them(tmp_path):
+    rules_file = tmp_path / rb.FILTER
+    rules_file.write_text("# comment\nprotect *.go\n+ /src/\n+ /src/llama*.*\n- /src/*\n"
+                          "include models/***\nhide *.bin\nexclude *\n")
+    rules = rb.read_filter(rules_file)
+    assert rb.sent(rules, "src/llama.cpp") and rb.sent(rules, "src/llama-graph.h")
+    assert not rb.sent(rules, "src/unicode.cpp") and not rb.sent(rules, "README.md")
+    assert rb.sent(rules, "models/a/b.txt") and not rb.sent(rules, "docs/x.md")
+    assert not rb.deleted(rules, "x.go") and not rb.deleted(rules, "README.md")
+    assert rb.deleted(rules, "src/llama-old.cpp")
+    rules_file.write_text("merge other\n")
+    with pytest.raises(PortkitError, match="does not read the rsync rule"):
+        rb.read_filter(rules_file)
