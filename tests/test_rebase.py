@@ -213,24 +213,30 @@ def edit(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-@pytest.fixture
-def small(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """(base tree, target tree, series folder) of the small project."""
-    base = write_tree(tmp_path / "base", BASE)
-    target = write_tree(tmp_path / "target", TARGET)
-    repo = GitRepo(write_tree(tmp_path / "repo", BASE))
+def project(root: Path, base_files: dict[str, str], target_files: dict[str, str],
+            series: list[tuple[str, dict[str, tuple[str, str]]]]) -> tuple[Path, Path, Path]:
+    """(base tree, target tree, series folder): the series made by git format-patch, each
+    patch a commit of its edits on the base as the patches before left it."""
+    base = write_tree(root / "base", base_files)
+    target = write_tree(root / "target", target_files)
+    repo = GitRepo(write_tree(root / "repo", base_files))
     repo.git("init", "-q", "-b", "main", ".")
-    repo.commit("base", {rel: text.encode() for rel, text in BASE.items()})
+    repo.commit("base", {rel: text.encode() for rel, text in base_files.items()})
     repo.git("tag", "base")
-    files = dict(BASE)
-    for subject, edits in SERIES:
+    files = dict(base_files)
+    for subject, edits in series:
         for rel, (old, new) in edits.items():
             files[rel] = edit(files[rel], old, new)
         repo.commit(f"{subject}\n\nWhy: {subject}.", {rel: files[rel].encode() for rel in edits},
                     author="Fork Maintainer <fork@example.org>")
-    series = tmp_path / "series"
-    repo.format_patch(series, *OLLAMA_OPTIONS)
-    return base, target, series
+    repo.format_patch(root / "series", *OLLAMA_OPTIONS)
+    return base, target, root / "series"
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(base tree, target tree, series folder) of the small project."""
+    return project(tmp_path, BASE, TARGET, SERIES)
 
 
 def test_each_patch_is_carried_as_a_careful_maintainer_would(small, tmp_path):
@@ -657,3 +663,26 @@ def test_rsync_rules_as_rsync_reads_them(tmp_path):
     rules_file.write_text("merge other\n")
     with pytest.raises(PortkitError, match="does not read the rsync rule"):
         rb.read_filter(rules_file)
+
+
+def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
+    """A patch that applies cleanly and uses nothing drift tracks (a local variable), on a
+    target that renamed that variable: it is written, and --compile finds it broken."""
+    scale = ("int llama_scale(int x) {\n    int k = 4;\n    int r = x * k;\n\n    // scale\n"
+             "    r = r * 2;\n    r = r + 1;\n    return r;\n}\n")
+    base_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + scale}
+    target_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + scale.replace(
+        "int k = 4;", "int factor = 4;").replace("x * k;", "x * factor;")}
+    base, target, folder = project(tmp_path, base_files, target_files, [
+        ("scale: count twice", {"src/llama.cpp": ("    r = r * 2;\n",
+                                                  "    r = r * 2;\n    r += k;\n")}),
+        ("sum: say that the sum is checked", SERIES[0][1])])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    assert [p.status for p in done.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    checked = rb.compile_check(done, detect(target))
+    scale_row, sum_row = checked.report.patches
+    assert scale_row.status == rb.NEEDS_REVIEW and scale_row.output == done.series.patches[0].name
+    assert re.match(r"it does not compile: src/llama.cpp:\d+: .*\bk\b.*not declared",
+                    scale_row.reason)
+    assert sum_row == done.report.patches[1]
+    assert checked.series == done.series
