@@ -638,6 +638,17 @@ def _written(patch: Patch, diff: str, conventions: Conventions) -> Patch:
     return parse_patch(patch.name, text.encode("utf-8", "surrogateescape"), strip=patch.strip)
 
 
+def base_spec(spec: str, target: Path | None = None) -> str:
+    """--base as `portkit tree fetch` takes it; or, when the target is a local git checkout
+    and `spec` names no tree, a commit of that repository (as git:REPO@COMMIT)."""
+    if target is None or Path(spec).is_dir() or spec.startswith(("pypi:", "git:")) \
+            or not (target / ".git").exists():
+        return spec
+    found = git(["rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"], cwd=target,
+                check=False)
+    return f"git:{target.resolve()}@{found.stdout.strip()}" if found.returncode == 0 else spec
+
+
 def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
            series_label: str = "series", target_label: str = "target") -> Rebased:
     """Carry `series` (written against `base`, or against `fork` with the series taken out)

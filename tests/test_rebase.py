@@ -31,7 +31,7 @@ from portkit.hunks import apply_hunks
 from portkit.render import render, write_series
 from portkit.series import Patch, Series, read_series
 from portkit.transaction import TreeFiles, Write
-from portkit.tree import detect
+from portkit.tree import detect, fetch
 
 from .conftest import commit_all, tree_bytes
 from .test_series import OLLAMA_OPTIONS, GitRepo
@@ -259,6 +259,22 @@ def test_each_patch_is_carried_as_a_careful_maintainer_would(small, tmp_path):
         assert (row.output is not None) == bool(edits) == (row.file in carried), row
         assert got == want, row.file
         state = want
+
+
+def test_the_base_may_be_another_commit_of_the_target_repository(small, offline_cache):
+    base, target, folder = small
+    repo = GitRepo(target)
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("upstream, then", {rel: text.encode() for rel, text in BASE.items()})
+    old = repo.git("rev-parse", "HEAD").decode().strip()
+    repo.commit("upstream, now", {rel: text.encode() for rel, text in TARGET.items()}
+                | {rel: None for rel in set(BASE) - set(TARGET)})
+    assert rb.base_spec("HEAD~1", target) == f"git:{target.resolve()}@{old}"
+    assert rb.base_spec(str(base), target) == str(base)
+    fetched = detect(fetch(rb.base_spec("HEAD~1", target)))
+    assert fetched.pin == old
+    done = rb.rebase(read_series(folder), detect(target), base=fetched)
+    assert [p.status for p in done.report.patches] == [s for s, _ in EXPECTED]
 
 
 def test_reasons_say_why_and_where(small):
