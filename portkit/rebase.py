@@ -40,14 +40,14 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from portkit import drift_model as dm
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import PortkitError, TreeError, UsageError
-from portkit.hunks import apply_hunks
+from portkit.hunks import ALREADY, apply_hunks
 from portkit.proc import git, run
 from portkit.series import (
     Conventions,
@@ -78,7 +78,6 @@ CONFLICTS = "needs-human"  # the side files' folder in --out
 FORMATS = ("table", "json", "markdown")
 
 _THERE = (dm.ALREADY_APPLIED, dm.PRESENT_UPSTREAM)
-_LANDS = (dm.CLEAN, dm.OFFSET)
 _HEADING = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@).*$", re.M)
 _INDEX = re.compile(r"^index [0-9a-f]+\.\.([0-9a-f]+)", re.M)
 
@@ -330,8 +329,7 @@ def _where(h: dm.HunkDrift) -> str:
 class _Carrier:
     """The state of a rebase between patches: the two working copies and what was left out."""
 
-    def __init__(self, series: Series, lead: Follow, scratch: Path) -> None:
-        self.series = series
+    def __init__(self, lead: Follow, scratch: Path) -> None:
         self.lead = lead
         self.work = _Copy(lead.target.root, scratch / "work")
         self.base = _Copy(lead.base.root, scratch / "base")
@@ -347,6 +345,11 @@ class _Carrier:
             presult = run.patches[0]
             text_after = dict(run.files) if presult.applied else None
         drift = self.lead.patch(presult, self.work.files)
+        if any(hr.status == ALREADY for hr in presult.hunks):  # say where the engine found it
+            drift = replace(drift, hunks=tuple(
+                replace(d, reason=f"{d.reason}, at line {hr.line}")
+                if d.status == dm.ALREADY_APPLIED and hr.status == ALREADY and hr.line else d
+                for hr, d in zip(presult.hunks, drift.hunks, strict=False)))
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
         # The base takes the whole series as it is: git apply, as it was written there.
         if git_apply(self.base.root, patch.data, self.room, patch.strip):
@@ -373,12 +376,11 @@ class _Carrier:
         pairs = list(zip(patch.hunks, hunks, strict=True))
         carry = [(h, d) for h, d in pairs if d.status not in _THERE]
         skipped = [d for _, d in pairs if d.status in _THERE]
-        status, review, how = UNCHANGED, [], []
-        if skipped:
-            status = MERGED if all(d.status == dm.ALREADY_APPLIED for d in skipped) \
-                else NEEDS_REVIEW
-            how += [f"{_where(d)} is in the target already ({d.reason}); carried without it"
-                    for d in skipped]
+        status = MERGED if skipped else UNCHANGED
+        review = [f"{_where(d)} was left out: the target has it in another form ({d.reason})"
+                  for d in skipped if d.status == dm.PRESENT_UPSTREAM]
+        how = [f"{_where(d)} is in the target already ({d.reason}); carried without it"
+               for d in skipped if d.status == dm.ALREADY_APPLIED]
         if all(d.status == dm.CLEAN for _, d in carry) and not skipped and text_after is not None:
             pieces = [_Piece(UNCHANGED, rel, data) for rel, data in text_after.items()]
         else:
@@ -411,7 +413,7 @@ class _Carrier:
             offsets = sorted({d.offset for _, d in carry if d.offset})
             how.append("applies as it is" if not offsets else
                        "applies " + ", ".join(f"{o:+d}" for o in offsets) + " lines away")
-        if review or status == NEEDS_REVIEW:
+        if review:
             return _Outcome(NEEDS_REVIEW, "; ".join(review + how), after)
         return _Outcome(status, "; ".join(how), after)
 
@@ -656,7 +658,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     abbrev, headings = _style(series)
     with follow(series, base, target, target_label, fork) as lead, \
             _scratch("portkit-rebase-") as tmp:
-        carrier = _Carrier(series, lead, tmp)
+        carrier = _Carrier(lead, tmp)
         rows: list[RebasedPatch] = []
         carried: list[Patch] = []
         side: dict[str, bytes] = {}
