@@ -1019,22 +1019,18 @@ class Follow:
         """Where the last patch's hunk went, when drift relocated it."""
         return self._target.landings.get(_hunk_key(hunk))
 
-    def strays(self, hunk: Hunk) -> str:
-        """Why a hunk whose text lands (at an offset, say) lands outside what its symbol in
-        the base became, that very symbol rather than any of its overloads; "" when it lands
-        inside, or when where it belongs is unknown."""
+    def home(self, hunk: Hunk) -> tuple[str, int, int, str] | None:
+        """Where what the hunk's symbol in the base became is, in the target's file as the
+        earlier patches left it: (file, first line, last line, qualified name); None when
+        the hunk is between definitions or its symbol was not found."""
         t = self._target
         sym = t.base_symbol(hunk)
         cand = t.located(sym)[0] if sym is not None else None
-        trial = t._trial(hunk, hunk.path, hunk.old_start, {}, None, upstream=True) \
-            if cand is not None else None
-        if sym is None or cand is None or trial is None:
-            return ""
-        tsym = cand.symbol
-        if tsym.file == hunk.path and tsym.start_line - 3 <= trial[0] <= tsym.end_line + 3:
-            return ""
-        return (f"its context is at line {trial[0]} of the target, but {sym.qualname} is "
-                f"{tsym.qualname} at {tsym.where}")
+        if cand is None:
+            return None
+        ts = cand.symbol
+        return ts.file, t._line_now(ts.file, ts.start_line), t._line_now(ts.file, ts.end_line), \
+            ts.qualname
 
     def relocate(self, hunk: Hunk) -> Landing | None:
         """The hunk carried into what its symbol in the base became, as drift relocates a

@@ -343,7 +343,6 @@ class _Carrier:
         self.base.load(patch.paths)
         with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
             presult = run.patches[0]
-            text_after = dict(run.files) if presult.applied else None
         drift = self.lead.patch(presult, self.work.files)
         if any(hr.status == ALREADY for hr in presult.hunks):  # say where the engine found it
             drift = replace(drift, hunks=tuple(
@@ -355,7 +354,7 @@ class _Carrier:
         if git_apply(self.base.root, patch.data, self.room, patch.strip):
             for rel in patch.paths:
                 self.base.files[rel] = self.base.original(rel, here=True)
-        outcome = self._decide(patch, drift, text_after, before_base)
+        outcome = self._decide(patch, drift, before_base)
         if outcome.status == NEEDS_HUMAN:
             brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
             for name in brings - self.lead.base.all_words - self.lead.target.all_words:
@@ -365,8 +364,8 @@ class _Carrier:
                 self.work.put(rel, data)
         return outcome
 
-    def _decide(self, patch: Patch, drift: dm.PatchDrift, text_after: dict[str, bytes | None]
-                | None, before_base: dict[str, bytes | None]) -> _Outcome:
+    def _decide(self, patch: Patch, drift: dm.PatchDrift,
+                before_base: dict[str, bytes | None]) -> _Outcome:
         hunks = drift.hunks
         if all(h.status in _THERE for h in hunks):
             return _Outcome(DROPPED, "; ".join(dict.fromkeys(
@@ -381,13 +380,10 @@ class _Carrier:
                   for d in skipped if d.status == dm.PRESENT_UPSTREAM]
         how = [f"{_where(d)} is in the target already ({d.reason}); carried without it"
                for d in skipped if d.status == dm.ALREADY_APPLIED]
-        if all(d.status == dm.CLEAN for _, d in carry) and not skipped and text_after is not None:
-            pieces = [_Piece(UNCHANGED, rel, data) for rel, data in text_after.items()]
-        else:
-            found = self._pieces(patch, carry, before_base)
-            if isinstance(found, str):
-                return self._human(patch, drift, found, before_base)
-            pieces = found
+        found = self._pieces(patch, carry, before_base)
+        if isinstance(found, str):
+            return self._human(patch, drift, found, before_base)
+        pieces = found
         after: dict[str, bytes | None] = {}
         for rel, versions in _by_file(pieces).items():
             combined = self._combine(rel, versions)
@@ -419,58 +415,67 @@ class _Carrier:
 
     def _pieces(self, patch: Patch, carry: list[tuple[Hunk, dm.HunkDrift]],
                 before_base: dict[str, bytes | None]) -> list[_Piece] | str:
-        """Each hunk carried on its own (the ones that apply where they say, file by file, in
-        one go): the file it changes and that file's bytes with it; or why one cannot be."""
+        """Each hunk carried on its own: the file it changes and that file's bytes with it;
+        or why one cannot be."""
         pieces: list[_Piece] = []
-        for f in patch.files:
-            mine = [(h, d) for h, d in carry if h.path == f.path]
-            clean = [h for h, d in mine if d.status == dm.CLEAN]
-            now = self.work.get(f.path) or b""
-            if clean:
-                data = self._git_apply(f, clean, now) if f.status == "modified" else \
-                    self._apply(f, clean, self.work.root, fuzz=0)
-                if data is None:
-                    return f"{f.path}: its hunks no longer apply together"
-                pieces.append(_Piece(UNCHANGED, f.path, data))
-            for hunk, d in mine:
-                if d.status == dm.CLEAN:
-                    continue
-                piece = self._offset(f, hunk, d, before_base) if d.status == dm.OFFSET \
-                    else self._hunk(f, hunk, d, before_base)
-                if isinstance(piece, str):
-                    return piece
-                pieces.append(piece)
+        for hunk, d in carry:
+            f = next(f for f in patch.files if f.path == hunk.path)
+            piece = self._landed(f, hunk, d, before_base) \
+                if d.status in (dm.CLEAN, dm.OFFSET) else self._hunk(f, hunk, d, before_base)
+            if isinstance(piece, str):
+                return piece
+            pieces.append(piece)
         return pieces
 
-    def _offset(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
+    def _landed(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
                 before_base: dict[str, bytes | None]) -> _Piece | str:
-        """A hunk GNU patch finds some lines away. The same context may be there twice (one
-        function written like another): unless a 3-way merge puts it at the same place, it
-        must land inside what its function became; else it is carried there, for review."""
+        """A hunk whose context GNU patch finds whole, where it says or some lines away. The
+        same context may be there twice (one function written like another): it must land
+        inside what its function became, else it is carried there, for review; and where
+        a 3-way merge puts it elsewhere, or nothing vouches for the place, a reviewer is
+        told."""
         mine = self.work.get(f.path)
-        alone = self._git_apply(f, [hunk], mine) if mine is not None else None
+        alone = self._git_apply(f, [hunk], mine) if mine is not None and f.status == "modified" \
+            else self._apply(f, [hunk], self.work.root, fuzz=0)
         merged = self._merge3(f, hunk, before_base)
-        if alone is not None and alone == merged:
-            return _Piece(UNCHANGED, f.path, alone)
-        strays = self.lead.strays(hunk)
+        home = self.lead.home(hunk)
+        strays = self._strays(f.path, alone, home)
+        found = f"{d.offset:+d} lines away" if d.offset else "at its line"
         if strays:
             landing = self.lead.relocate(hunk)
             if landing is not None:
                 return _Piece(RELOCATED, landing.file, landing.data, f"{_where(d)}: relocated",
-                              f"{_where(d)}: {strays}; it was put there"
-                              + (f" ({landing.guess})" if landing.guess else ""))
-            if merged is not None:
+                              f"{_where(d)}: GNU patch finds its context {found}, {strays}; "
+                              "it was put there" + (f" ({landing.guess})" if landing.guess
+                                                    else ""))
+            if merged is not None and not self._strays(f.path, merged, home):
                 return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
-                              f"{_where(d)}: {strays}; a 3-way merge put it somewhere")
-            return f"{_where(d)}: {strays}, and it cannot be carried there"
+                              f"{_where(d)}: GNU patch finds its context {found}, {strays}; "
+                              "a 3-way merge puts it there")
+            return f"{_where(d)}: GNU patch finds its context {found}, {strays}"
         if alone is None:
             return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way") \
                 if merged is not None else f"{_where(d)}: {d.reason}, but not on its own"
-        if merged is None:
-            return _Piece(UNCHANGED, f.path, alone)
+        if merged is None or merged == alone:
+            return _Piece(UNCHANGED, f.path, alone, "", "" if home or merged or not d.offset
+                          else f"{_where(d)}: GNU patch finds its context {found}; no 3-way "
+                               "merge and no symbol confirm the place")
         return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
-                      f"{_where(d)}: GNU patch finds its context {d.offset:+d} lines away, "
-                      "but a 3-way merge puts it elsewhere")
+                      f"{_where(d)}: GNU patch finds its context {found}, but a 3-way merge "
+                      "puts it elsewhere")
+
+    def _strays(self, rel: str, data: bytes | None,
+                home: tuple[str, int, int, str] | None) -> str:
+        """Why `data` (the file `rel` with a hunk in it) has the change outside `home`, what
+        its function became; "" when inside, or when that is unknown."""
+        before = self.work.get(rel)
+        if home is None or data is None or before is None:
+            return ""
+        start, _, _ = _region(before.splitlines(keepends=True), data.splitlines(keepends=True))
+        file, first, last, name = home
+        if file == rel and first - 3 <= start + 1 <= last + 3:
+            return ""
+        return f"line {start + 1}, but it belongs in {name} ({file}:{first})"
 
     def _git_apply(self, f: FileDiff, hunks: Sequence[Hunk], data: bytes) -> bytes | None:
         """`data` (the file `f`) with `hunks` applied by git apply (no fuzz), or None."""

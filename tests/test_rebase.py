@@ -702,3 +702,28 @@ def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
                     scale_row.reason)
     assert sum_row == done.report.patches[1]
     assert checked.series == done.series
+
+
+def test_a_hunk_gnu_patch_finds_in_the_wrong_function_is_not_written_there(tmp_path):
+    """Upstream added a function whose body reads like the one the patch changes, right
+    where that one was, and reworded a line of the latter: GNU patch finds the patch's
+    context whole at its very line, in the newcomer, which is not where it belongs."""
+    first = ("int llama_first(int x) {\n    int a = x;\n    a = a + 1;\n    a = a * 2;\n"
+             "    a = a - 3;\n    return a;\n}\n")
+    base_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + first}
+    target_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + first.replace(
+        "llama_first", "llama_zero") + "\n" + first.replace("a + 1;", "a + 10;")}
+    base, target, folder = project(tmp_path, base_files, target_files, [
+        ("first: divide", {"src/llama.cpp": ("    a = a * 2;\n", "    a = a * 2;\n"
+                                                               "    a = a / 5;\n")})])
+    with apply_hunks(read_series(folder), target) as gnu:
+        assert gnu.patches[0].hunks[0].status == "clean"  # GNU patch would take it
+        assert "llama_zero(int x) {\n    int a = x;\n    a = a + 1;\n    a = a * 2;\n" \
+            "    a = a / 5;" in (gnu.files["src/llama.cpp"] or b"").decode()
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    # Neither GNU patch, nor git's 3-way merge (which aligns the base's function with the
+    # newcomer too), nor drift's relocation (GNU patch again) can put it in llama_first.
+    assert row.status == rb.NEEDS_HUMAN and not done.series.patches
+    assert "GNU patch finds its context at its line, line" in row.reason
+    assert "but it belongs in llama_first (src/llama.cpp:" in row.reason
