@@ -727,3 +727,20 @@ def test_a_hunk_gnu_patch_finds_in_the_wrong_function_is_not_written_there(tmp_p
     assert row.status == rb.NEEDS_HUMAN and not done.series.patches
     assert "GNU patch finds its context at its line, line" in row.reason
     assert "but it belongs in llama_first (src/llama.cpp:" in row.reason
+
+
+def test_a_quilt_series_stays_a_quilt_series(small, tmp_path):
+    base, target, folder = small
+    quilt = tmp_path / "quilt"
+    quilt.mkdir()
+    originals = read_series(folder).patches
+    for patch in originals:
+        (quilt / patch.name).write_text(f"Description: {patch.subject}\n\n{patch.diff}")
+    (quilt / "series").write_text("".join(p.name + "\n" for p in originals))
+    series = read_series(quilt)
+    assert series.kind == "quilt"
+    done = rb.rebase(series, detect(target), base=detect(base))
+    kept = [p.file for p in done.report.patches if p.output]
+    assert done.files()["series"].decode() == "".join(name + "\n" for name in kept)
+    for patch in done.series.patches:
+        assert patch.header == f"Description: {patch.subject}\n\n" and not patch.is_mail
