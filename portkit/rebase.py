@@ -2,14 +2,14 @@
 
 Each patch goes, in order, onto the target as the patches carried before it left it (a
 working copy of the files they touch; the base gets the whole series the same way). Drift
-(portkit.drift) says how each hunk fares there; the engine (portkit.hunks, GNU patch) and
-git's 3-way merge make the bytes. A patch is
+(portkit.drift) says how each hunk fares there; the engine (portkit.hunks, GNU patch), git
+apply and git's 3-way merge make the bytes, one hunk at a time. A patch is
 
-  unchanged     every hunk applies as it is, at most some lines away: the same change, its
-                diff made again on the target (fresh line numbers and context);
+  unchanged     every hunk applies as it is, at most some lines away, inside what its
+                function became: the same change, its diff made again on the target;
   merged        `git merge-file` of the target's file, the base file as the earlier patches
-                left it, and the same after this patch, is clean: context that changed
-                around a hunk, or a hunk the target already has verbatim (carried without it);
+                left it, and the same with the hunk, is clean: context that changed around
+                it, or a hunk the target already has verbatim (carried without it);
   relocated     a hunk went where drift followed its code (renamed, moved, another file),
                 re-expressed in the target's names;
   dropped       the target has the change already (drift's present-upstream or
@@ -17,17 +17,22 @@ git's 3-way merge make the bytes. A patch is
   needs-human   nothing safe: the patch is left out of the series, and the side file
                 needs-human/<patch>.conflict holds both sides, the nearest match and why;
   needs-review  carried, but a reviewer must look: a symbol its added code uses changed
-                (drift's semantic check), a hunk landed only by ignoring context (fuzz), a
-                hunk was left out as present upstream in another form, or it uses a name that
-                a patch left out brings.
+                (drift's semantic check), a hunk landed only by ignoring context (fuzz) or
+                by a guess, a hunk was left out as upstream's in another form, it uses a name
+                that a patch left out brings, or (--compile) it does not compile.
 
-GNU patch's fuzz alone is never trusted: it misplaces hunks. A hunk that needs fuzz is
-merged 3-way when the base file is known, else carried for review.
+GNU patch's word is never taken alone: it misplaces hunks, with fuzz and without (the same
+context twice). A hunk that needs fuzz is merged 3-way when the base file is known, else
+carried for review; one whose context is found whole must land in what its function
+became.
 
 The carried series keeps every patch's mail (From, Date, Subject, body), file name and the
 series' conventions (portkit.series); its diffs are git's (`git diff --no-index`, sealed from
 the user's configuration), with `index` lines and function headings where the series has
 them. Nothing is written until the whole series has been carried, and then all at once.
+
+In an ollama-style fork, `plan_fork` and `move_fork` move the fork itself: its vendored
+files refreshed from the target under its rsync rules, its pin, its series; one transaction.
 """
 
 from __future__ import annotations
