@@ -391,8 +391,8 @@ class _Carrier:
         pieces = found
         after: dict[str, bytes | None] = {}
         for rel, versions in _by_file(pieces).items():
-            combined = self._combine(rel, versions)
-            if combined is None:
+            combined = versions[0] if len(versions) == 1 else self._combine(rel, versions)
+            if combined is None and len(versions) > 1:
                 return self._human(patch, drift, f"the hunks carried into {rel} overlap",
                                    before_base)
             after[rel] = combined
@@ -425,8 +425,15 @@ class _Carrier:
         pieces: list[_Piece] = []
         for hunk, d in carry:
             f = next(f for f in patch.files if f.path == hunk.path)
-            piece = self._landed(f, hunk, d, before_base) \
-                if d.status in (dm.CLEAN, dm.OFFSET) else self._hunk(f, hunk, d, before_base)
+            if f.status == "deleted":  # the whole file goes, or nothing does
+                with apply_hunks([_sub_patch(f, [hunk])], self.work.root, fuzz=0) as run:
+                    gone = run.patches[0].applied
+                piece: _Piece | str = _Piece(UNCHANGED, f.path, None) if gone else \
+                    f"{_where(d)}: the file it deletes is not the one the target has"
+            elif d.status in (dm.CLEAN, dm.OFFSET):
+                piece = self._landed(f, hunk, d, before_base)
+            else:
+                piece = self._hunk(f, hunk, d, before_base)
             if isinstance(piece, str):
                 return piece
             pieces.append(piece)
@@ -554,8 +561,6 @@ class _Carrier:
         """One file changed by several pieces, each made from the file before the patch:
         the lines each one changes, all put together; None when two of them touch."""
         ancestor = self.work.get(rel)
-        if len(versions) == 1:
-            return versions[0]
         if ancestor is None or any(v is None for v in versions):
             return None
         old = ancestor.splitlines(keepends=True)

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import tomllib
 from collections.abc import Iterable
@@ -744,3 +745,24 @@ def test_a_quilt_series_stays_a_quilt_series(small, tmp_path):
     assert done.files()["series"].decode() == "".join(name + "\n" for name in kept)
     for patch in done.series.patches:
         assert patch.header == f"Description: {patch.subject}\n\n" and not patch.is_mail
+
+
+def test_files_the_series_creates_and_deletes(tmp_path):
+    extra = "int llama_extra(void) {\n    return 7;\n}\n"
+    base_files = {**BASE, "src/extra.cpp": extra}
+    target_files = {**TARGET, "src/extra.cpp": extra}
+    base, target, folder = project(tmp_path, base_files, target_files, [])
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("fork: its own file", {"src/fork.cpp": b"int fork(void) {\n    return 1;\n}\n"})
+    repo.commit("fork: no extra", {"src/extra.cpp": None})
+    shutil.rmtree(folder)
+    repo.format_patch(folder, *OLLAMA_OPTIONS)
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    assert [p.status for p in done.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    created, deleted = done.series.patches
+    assert created.files[0].status == "created" and created.files[0].header("new file mode")
+    assert deleted.files[0].status == "deleted" and deleted.files[0].header("deleted file mode")
+    after = git_apply(read(target, ["src/fork.cpp", "src/extra.cpp"]), done.series.patches,
+                      tmp_path / "applied")
+    assert after == {"src/fork.cpp": b"int fork(void) {\n    return 1;\n}\n",
+                     "src/extra.cpp": None}
