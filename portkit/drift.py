@@ -25,10 +25,11 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from functools import cached_property
 from pathlib import Path
@@ -52,7 +53,7 @@ from portkit.drift_model import (
 )
 from portkit.errors import PortkitError
 from portkit.features import Feature, templates_root
-from portkit.hunks import ALREADY, apply_hunks
+from portkit.hunks import ALREADY, PatchResult, apply_hunks
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
 from portkit.hunks import OFFSET as H_OFFSET
@@ -100,6 +101,7 @@ _KEYWORDS = frozenset({
 _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
 _MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
+_NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
 
 def identifiers(lines: Iterable[str]) -> list[str]:
@@ -268,6 +270,81 @@ def place_insertion(old_lines: list[str], at: int, target: list[str],
     return scored[0][1] + 1
 
 
+@dataclass(frozen=True)
+class Landing:
+    """A hunk carried into the target by relocation: the file it lands in, that file's bytes
+    (as the earlier patches left it) with this hunk alone applied, the fuzz it took, and why
+    its place is only a guess, if it is."""
+
+    file: str
+    data: bytes
+    fuzz: int
+    guess: str = ""  # why its place is not sure ("" when it is)
+
+
+def _hunk_key(hunk: Hunk) -> tuple[str, int, int, str]:
+    return hunk.path, hunk.patch_index, hunk.old_start, hunk.text
+
+
+def _one_block(hunk: Hunk) -> bool:
+    """Whether the hunk adds its lines in one run (so that they go in at one place)."""
+    marks = "".join(line[:1] for line in hunk.text.splitlines()[1:] if line[:1] in " -+")
+    return marks.strip(" ").count("+") == len(marks.strip(" ")) > 0
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip(" \t"))]
+
+
+def _insert(data: bytes, placed: int, old_lines: list[str], cut: int,
+            added: list[str]) -> Landing | None:
+    """`data` with `added` (lines with their ends) inserted where place_insertion put them:
+    after its line `placed` (1-based; the one like the hunk's last meaningful line above the
+    insertion, which is after the hunk's first `cut` old lines) and the short lines that
+    follow that one in the hunk, which must follow it in the target too (else None);
+    indented as the target indents that line. When the target has other lines before the
+    one the insertion went before, it goes right before that one (after code upstream put at
+    the top, a guard say) if it is near, and the landing says that its place is a guess.
+    `file` is left for the caller."""
+    lines = data.decode("utf-8", errors="surrogateescape").splitlines(keepends=True)
+    above = max(i for i in range(cut) if len(flat(old_lines[i])) >= _MEANINGFUL)
+    tail = [flat(x) for x in old_lines[above + 1:cut]]
+    if [flat(x) for x in lines[placed:placed + len(tail)]] != tail:
+        return None
+    here, there = _indent(old_lines[above]), _indent(lines[placed - 1])
+    if here != there and set(here + there) <= {" "}:
+        shift = len(there) - len(here)
+        added = [(" " * shift + line if shift > 0 else line[min(-shift, len(_indent(line))):])
+                 if line.strip() else line for line in added]
+    at, guess = placed + len(tail), ""
+    below = next((i for i in range(cut, len(old_lines))
+                  if len(flat(old_lines[i])) >= _MEANINGFUL), None)
+    if below is not None and at < len(lines):
+        # the short lines between the insertion and that line, blank lines aside
+        head = [f for f in (flat(x) for x in old_lines[cut:below]) if f]
+        want = flat(old_lines[below])
+        k = next((k for k in range(at, min(at + _NEAR, len(lines)))
+                  if flat(lines[k]) == want), None)
+        between = [f for f in (flat(x) for x in lines[at:k]) if f] if k is not None else []
+        what = old_lines[below].strip()
+        if k is None or between[len(between) - len(head):] != head:
+            guess = f"the line it goes before ({what!r}) does not follow in the target"
+        elif len(between) > len(head):
+            start, count = k, len(head)
+            while count:
+                start -= 1
+                count -= bool(flat(lines[start]))
+            guess = (f"upstream has {len(between) - len(head)} lines between the lines it goes "
+                     f"after and before ({what!r}); it was put right before that one")
+            at = start
+    if not lines[at - 1].endswith("\n"):
+        lines[at - 1] += "\n"
+    if added and not added[-1].endswith("\n") and at < len(lines):
+        added[-1] += "\n"
+    return Landing("", "".join(lines[:at] + added + lines[at:]).encode(
+        "utf-8", errors="surrogateescape"), 0, guess)
+
+
 def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
     """The 0-based start of `needle` in `hay` (flattened lines; layout-blind), the match
     nearest `near`."""
@@ -293,33 +370,38 @@ class _Target:
         self.homes: dict[str, str | None] = {}
         self.starts: dict[tuple[str, int, int, str], int] = {}
         self.places: dict[tuple[str, str, int], tuple[Candidate | None, str]] = {}
+        self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
+        self.follow_lines = False  # map the index's lines into `current` (see _line_now)
+        self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
 
     def run(self) -> TargetDrift:
-        patches: list[PatchDrift] = []
         with apply_hunks(self.series, self.target.root, fuzz=FUZZ_LIMIT) as result:
             self.current = result.files
-            for presult in result.patches:
-                patch = presult.patch
-                at = _patch_lines(patch)
-                hunks = []
-                for hr in presult.hunks:
-                    assert hr.hunk is not None
-                    line = at.get(hr.hunk.patch_index, 1)
-                    if patch.subject in self.upstream and hr.status != ALREADY:
-                        hunks.append(HunkDrift(
-                            hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
-                            f"the feature upstream ({self.upstream[patch.subject]})", line))
-                        continue
-                    hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
-                                            hr.reason, line))
-                if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
-                    where = patch.paths[0] if patch.paths else patch.name
-                    hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
-                             for problem in presult.problems or ["the patch changes no text"]]
-                there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
-                patches.append(PatchDrift(patch.name, patch.subject, tuple(hunks),
-                                          () if there else tuple(self.semantic(patch))))
+            patches = [self.patch(presult) for presult in result.patches]
         return TargetDrift(self.target.label, self.target.pin, tuple(patches))
+
+    def patch(self, presult: PatchResult) -> PatchDrift:
+        """One patch as the engine fared with it on `self.current`, hunk by hunk."""
+        patch = presult.patch
+        at = _patch_lines(patch)
+        hunks = []
+        for hr in presult.hunks:
+            assert hr.hunk is not None
+            line = at.get(hr.hunk.patch_index, 1)
+            if patch.subject in self.upstream and hr.status != ALREADY:
+                hunks.append(HunkDrift(
+                    hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
+                    f"the feature upstream ({self.upstream[patch.subject]})", line))
+                continue
+            hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
+                                    hr.reason, line))
+        if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
+            where = patch.paths[0] if patch.paths else patch.name
+            hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
+                     for problem in presult.problems or ["the patch changes no text"]]
+        there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
+        return PatchDrift(patch.name, patch.subject, tuple(hunks),
+                          () if there else tuple(self.semantic(patch)))
 
     # -- one hunk ----------------------------------------------------------------------
 
@@ -571,9 +653,27 @@ class _Target:
         """Try the hunk, in the target's spelling, inside `tsym`: (line, offset, fuzz) where it
         lands, or None."""
         into = self.base_start(hunk) + 1 - base_sym.start_line
-        return self._trial(hunk, tsym.file, max(1, tsym.start_line + into),
+        now = self._line_now
+        return self._trial(hunk, tsym.file, max(1, now(tsym.file, tsym.start_line) + into),
                            self.renames(hunk, base_sym, tsym),
-                           (tsym.start_line - 3, tsym.end_line + 3))
+                           (now(tsym.file, tsym.start_line - 3), now(tsym.file, tsym.end_line + 3)))
+
+    def _line_now(self, rel: str, line: int) -> int:
+        """A line of the target's file as upstream has it, in the file as the earlier patches
+        left it: the same line when not `follow_lines` (drift's own runs, where the index's
+        lines stand for both)."""
+        current = self.current.get(rel) if self.follow_lines else None
+        upstream = self.target.text(rel) if current is not None else None
+        if current is None or upstream is None:
+            return line
+        if self._blocks.get(rel, (None, []))[0] is not current:
+            matcher = SequenceMatcher(None, upstream.splitlines(), current.decode(
+                "utf-8", errors="surrogateescape").splitlines(), autojunk=False)
+            self._blocks[rel] = (current, [(a, b) for a, b, _ in matcher.get_matching_blocks()])
+        blocks = self._blocks[rel][1]
+        at = bisect_right(blocks, (line - 1, len(current) + 1)) - 1
+        a, b = blocks[at] if at >= 0 else (0, 0)
+        return line + b - a
 
     def _trial(self, hunk: Hunk, rel: str, old_start: int, names: dict[str, str],
                span: tuple[int, int] | None, *,
@@ -603,9 +703,12 @@ class _Target:
             (root / rel).write_bytes(current)
             with apply_hunks([trial], root, fuzz=FUZZ_LIMIT) as result:
                 landed = result.patches[0].hunks[0]
+                after = result.files.get(rel)
         if landed.landed and landed.line is not None:
             if span is not None and not span[0] <= landed.line <= span[1]:
                 return None  # the context is elsewhere: not inside the symbol it went to
+            if not upstream and after is not None:
+                self.landings[_hunk_key(hunk)] = Landing(rel, after, landed.fuzz)
             return landed.line, landed.offset, landed.fuzz
         if span is None or hunk.removed:
             return None
@@ -614,6 +717,11 @@ class _Target:
                                  lines, span)
         if placed is None:
             return None
+        if not upstream and _one_block(hunk):
+            landing = _insert(current, placed, [spell(x) for x in hunk.old_lines],
+                              _changed_offset(hunk), [spell(x) for x in hunk.added])
+            if landing is not None:
+                self.landings[_hunk_key(hunk)] = replace(landing, file=rel)
         return placed + 1, placed + 1 - old_start - _changed_offset(hunk), 0
 
     # -- already there ----------------------------------------------------------------
@@ -878,3 +986,73 @@ def _base_root(job: DriftInput, fork: Tree | None) -> Iterator[tuple[Path, str |
     assert fork is not None
     with reversed_base(job.series, fork) as root:
         yield root, fork.pin
+
+
+# -- one patch at a time (for rebase) -----------------------------------------------------
+
+
+class Follow:
+    """Drift one patch at a time on a target whose patched files the caller keeps (how
+    rebase carries a series): each patch classified as drift classifies it, on the files as
+    the caller's earlier patches left them, and each hunk it relocates with its landing."""
+
+    def __init__(self, target: _Target) -> None:
+        self._target = target
+        target.follow_lines = True
+
+    @property
+    def base(self) -> Side:
+        return self._target.base
+
+    @property
+    def target(self) -> Side:
+        return self._target.target
+
+    def patch(self, presult: PatchResult, current: dict[str, bytes | None]) -> PatchDrift:
+        """Drift of the patch the engine ran as `presult` on `current` (the caller's files
+        by path; a file not in it is the target's own)."""
+        self._target.current = current
+        self._target.landings.clear()
+        return self._target.patch(presult)
+
+    def landing(self, hunk: Hunk) -> Landing | None:
+        """Where the last patch's hunk went, when drift relocated it."""
+        return self._target.landings.get(_hunk_key(hunk))
+
+    def home(self, hunk: Hunk) -> tuple[str, int, int, str] | None:
+        """Where what the hunk's symbol in the base became is, in the target's file as the
+        earlier patches left it: (file, first line, last line, qualified name); None when
+        the hunk is between definitions or its symbol was not found."""
+        t = self._target
+        sym = t.base_symbol(hunk)
+        cand = t.located(sym)[0] if sym is not None else None
+        if cand is None:
+            return None
+        ts = cand.symbol
+        return ts.file, t._line_now(ts.file, ts.start_line), t._line_now(ts.file, ts.end_line), \
+            ts.qualname
+
+    def relocate(self, hunk: Hunk) -> Landing | None:
+        """The hunk carried into what its symbol in the base became, as drift relocates a
+        hunk whose context is gone (when it can)."""
+        t = self._target
+        sym = t.base_symbol(hunk)
+        cand = t.located(sym)[0] if sym is not None else None
+        if sym is None or cand is None or t.relocate(hunk, sym, cand.symbol) is None:
+            return None
+        return t.landings.get(_hunk_key(hunk))
+
+
+@contextmanager
+def follow(series: Series, base: Tree | None, target: Tree, label: str,
+           fork: Tree | None = None) -> Iterator[Follow]:
+    """A Follow of `series` on `target`; the base is `base`, or `fork` with the series out."""
+    if base is None and fork is None:
+        raise PortkitError("the tree the series was written against is needed (--base)")
+    patterns = _patterns(series)
+    feature = feature_of(series)
+    upstream = _upstream(feature, target) if feature else {}
+    with _base_root(DriftInput(series, label, base), fork) as (base_root, base_pin), \
+            tree_view(target) as root:
+        yield Follow(_Target(series, Side("base", base_root, patterns, base_pin),
+                             Side(label, root, patterns, target.pin), upstream))

@@ -1,0 +1,1121 @@
+"""Rebase: carry a patch series onto a newer tree, patch by patch, and say what is left.
+
+Each patch goes, in order, onto the target as the patches carried before it left it (a
+working copy of the files they touch; the base gets the whole series the same way). Drift
+(portkit.drift) says how each hunk fares there; the engine (portkit.hunks, GNU patch), git
+apply and git's 3-way merge make the bytes, one hunk at a time. A patch is
+
+  unchanged     every hunk applies as it is, at most some lines away, inside what its
+                function became: the same change, its diff made again on the target;
+  merged        `git merge-file` of the target's file, the base file as the earlier patches
+                left it, and the same with the hunk, is clean: context that changed around
+                it, or a hunk the target already has verbatim (carried without it);
+  relocated     a hunk went where drift followed its code (renamed, moved, another file),
+                re-expressed in the target's names;
+  dropped       the target has the change already (drift's present-upstream or
+                already-applied: where is said);
+  needs-human   nothing safe: the patch is left out of the series, and the side file
+                needs-human/<patch>.conflict holds both sides, the nearest match and why;
+  needs-review  carried, but a reviewer must look: a symbol its added code uses changed
+                (drift's semantic check), a hunk landed only by ignoring context (fuzz) or
+                by a guess, a hunk was left out as upstream's in another form, it uses a name
+                that a patch left out brings, or (--compile) it does not compile.
+
+GNU patch's word is never taken alone: it misplaces hunks, with fuzz and without (the same
+context twice). A hunk that needs fuzz is merged 3-way when the base file is known, else
+carried for review; one whose context is found whole must land in what its function
+became.
+
+The carried series keeps every patch's mail (From, Date, Subject, body), file name and the
+series' conventions (portkit.series); its diffs are git's (`git diff --no-index`, sealed from
+the user's configuration), with `index` lines and function headings where the series has
+them. Nothing is written until the whole series has been carried, and then all at once.
+
+In an ollama-style fork, `plan_fork` and `move_fork` move the fork itself: its vendored
+files refreshed from the target under its rsync rules, its pin, its series; one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from portkit import drift_model as dm
+from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
+from portkit.errors import PortkitError, TreeError, UsageError
+from portkit.hunks import ALREADY, apply_hunks
+from portkit.proc import git, run
+from portkit.series import (
+    Conventions,
+    FileDiff,
+    Hunk,
+    Patch,
+    Series,
+    parse_patch,
+    quote_path,
+    read_series,
+    render_mail,
+)
+from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
+from portkit.tree import OLLAMA, Tree, pin_matches
+
+SCHEMA = "portkit-rebase/1"
+
+UNCHANGED = "unchanged"
+MERGED = "merged"
+RELOCATED = "relocated"
+DROPPED = "dropped"
+NEEDS_HUMAN = "needs-human"
+NEEDS_REVIEW = "needs-review"
+STATUSES = (UNCHANGED, MERGED, RELOCATED, DROPPED, NEEDS_HUMAN, NEEDS_REVIEW)
+ATTENTION = (NEEDS_HUMAN, NEEDS_REVIEW)
+ATTENTION_EXIT = dm.ATTENTION_EXIT  # as drift: the series needs a person, portkit ran fine
+CONFLICTS = "needs-human"  # the side files' folder in --out
+FORMATS = ("table", "json", "markdown")
+
+_THERE = (dm.ALREADY_APPLIED, dm.PRESENT_UPSTREAM)
+_HEADING = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@).*$", re.M)
+_INDEX = re.compile(r"^index [0-9a-f]+\.\.([0-9a-f]+)", re.M)
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebasedPatch:
+    """One patch of the series on the target: what became of it and why."""
+
+    file: str
+    subject: str
+    status: str
+    reason: str
+    output: str | None  # its file name in the carried series; None when left out
+    conflict: str | None = None  # the side file (relative to --out) of a needs-human patch
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+
+@dataclass(frozen=True)
+class RebaseReport:
+    """The series carried onto one target, patches in series order."""
+
+    series: str
+    base: str | None  # the base's pin
+    target: str
+    pin: str | None  # the target's pin
+    patches: tuple[RebasedPatch, ...]
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(p.status for p in self.patches)
+        return {s: counts[s] for s in STATUSES}
+
+    @property
+    def exit_code(self) -> int:
+        """ATTENTION_EXIT when a patch needs a human or a review, else 0."""
+        return ATTENTION_EXIT if any(p.status in ATTENTION for p in self.patches) else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "series": self.series, "base": self.base,
+                "target": self.target, "pin": self.pin, "summary": self.summary,
+                "patches": [{"file": p.file, "subject": p.subject, "status": p.status,
+                             "reason": p.reason, "output": p.output, "conflict": p.conflict}
+                            for p in self.patches]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+@dataclass
+class Rebased:
+    """A finished rebase: the report, the carried series and the side files (by path
+    relative to --out), ready to be written."""
+
+    report: RebaseReport
+    series: Series
+    side_files: dict[str, bytes] = field(default_factory=dict)
+    # the target's files the carried series changes, as it leaves them (by series path)
+    carried: dict[str, bytes | None] = field(default_factory=dict)
+
+    def files(self) -> dict[str, bytes]:
+        """Every file of --out, by relative path."""
+        out = {p.name: p.data for p in self.series.patches}
+        if self.series.kind == "quilt":
+            out["series"] = "".join(
+                p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
+                for p in self.series.patches).encode("utf-8", "surrogateescape")
+        return {**out, **self.side_files}
+
+
+def render(report: RebaseReport, fmt: str) -> str:
+    """The report as text: table, json or markdown."""
+    if fmt == "json":
+        return report.to_json()
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    counts = ", ".join(f"{n} {s}" for s, n in report.summary.items() if n)
+    title = (f"{report.series} onto {report.target}"
+             + (f" ({report.pin[:12]})" if report.pin else "") + f": {counts}")
+    if fmt == "markdown":
+        lines = [f"### portkit rebase: {_md(title)}", "",
+                 "| # | patch | status | output | reason |", "|---|---|---|---|---|"]
+        lines += [f"| {i} | `{_md(p.file)}` | {p.status} | "
+                  f"{'`' + _md(p.output) + '`' if p.output else '-'} | "
+                  f"{_md(p.reason)}{' (`' + _md(p.conflict) + '`)' if p.conflict else ''} |"
+                  for i, p in enumerate(report.patches, 1)]
+        return "\n".join(lines) + "\n"
+    width = max((len(p.file) for p in report.patches), default=5)
+    lines = [title, ""]
+    lines += [f"{i:>3}  {p.file:<{width}}  {p.status:<12}  {p.reason}"
+              for i, p in enumerate(report.patches, 1)]
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# -- working copies ------------------------------------------------------------------------
+
+
+class _Copy:
+    """The files a series touches in a tree, as the patches carried so far left them: a
+    scratch folder laid out as the tree, each file taken from `source` on first use."""
+
+    def __init__(self, source: Path, root: Path) -> None:
+        self.source = source
+        self.root = root
+        self.files: dict[str, bytes | None] = {}
+
+    def original(self, rel: str, *, here: bool = False) -> bytes | None:
+        """The file in the source tree (or, `here`, in the working copy)."""
+        path = (self.root if here else self.source) / rel
+        return path.read_bytes() if path.is_file() else None
+
+    def load(self, rels: Sequence[str]) -> None:
+        for rel in rels:
+            if rel not in self.files:
+                self.put(rel, self.original(rel))
+
+    def get(self, rel: str) -> bytes | None:
+        self.load([rel])
+        return self.files[rel]
+
+    def put(self, rel: str, data: bytes | None) -> None:
+        self.files[rel] = data
+        path = self.root / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+# -- git's tools, sealed -------------------------------------------------------------------
+
+
+def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
+           labels: tuple[str, str, str] = ("target", "base", "series")) -> tuple[bytes, int]:
+    """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict
+    markers, diff3 style, where they conflict) and how many conflicts there are. `room` is a
+    folder to work in (a temporary one by default)."""
+    if room is None:
+        with _scratch("portkit-merge-") as tmp:
+            return merge3(ours, base, theirs, room=tmp, labels=labels)
+    for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+        (room / name).write_bytes(data)
+    done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                "ours", "base", "theirs"], cwd=room, check=False, ceiling=room)
+    if done.returncode < 0 or done.returncode > 127:
+        raise PortkitError(f"git merge-file failed: {done.stderr.strip()}")
+    return (room / "ours").read_bytes(), done.returncode
+
+
+def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
+    """`git apply` of `patch` to the files under `root` (no repository); whether it did."""
+    (room / "apply.patch").write_bytes(patch)
+    done = git(["apply", f"-p{strip}", "--whitespace=nowarn", room / "apply.patch"],
+               cwd=root, check=False, ceiling=root)
+    return done.returncode == 0
+
+
+def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
+             abbrev: int = 7, prefix: bool = True, renames: bool = False) -> str:
+    """The diff from `before` to `after` (files by path; None: absent) as git writes it:
+    `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
+    function headings in the @@ lines."""
+    with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
+        root = Path(tmp)
+        for side, files in (("a", before), ("b", after)):
+            (root / side).mkdir()
+            for rel, data in files.items():
+                if data is not None:
+                    (root / side / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (root / side / rel).write_bytes(data)
+        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
+                f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
+                "-M" if renames else "--no-renames", "a", "b"]
+        done = git(args, cwd=root, check=False, ceiling=root)
+        if done.returncode not in (0, 1):
+            raise PortkitError(f"git diff failed: {done.stderr.strip()}")
+    text = done.stdout
+    # Run on two folders named a and b, git names a created file b/x on both sides of the
+    # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
+    text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
+                  flags=re.M)
+    if not prefix:
+        text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
+        text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)
+    return text
+
+
+def _style(series: Series) -> tuple[int, bool]:
+    """How the series writes its diffs: the length of its blob ids (7 when it has none) and
+    whether its @@ lines carry function headings."""
+    lengths = Counter(len(m.group(1)) for p in series.patches for m in _INDEX.finditer(p.diff))
+    headings = any(h.section for p in series.patches for h in p.hunks)
+    return (lengths.most_common(1)[0][0] if lengths else 7), headings
+
+
+# -- one patch ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One hunk (or a file's hunks that land as they are) carried: how, the target file it
+    changes and that file's bytes with it, what was done and what a reviewer must check."""
+
+    status: str
+    file: str
+    data: bytes | None
+    said: str = ""
+    concern: str = ""
+
+
+def _by_file(pieces: Sequence[_Piece]) -> dict[str, list[bytes | None]]:
+    out: dict[str, list[bytes | None]] = {}
+    for piece in pieces:
+        out.setdefault(piece.file, []).append(piece.data)
+    return out
+
+
+@dataclass
+class _Outcome:
+    status: str
+    reason: str
+    after: dict[str, bytes | None] = field(default_factory=dict)  # target files it changes
+    conflict: str = ""  # the side file's text (needs-human)
+
+
+def _sub_patch(f: FileDiff, hunks: Sequence[Hunk]) -> Patch:
+    """A patch of `hunks` of file `f` alone."""
+    old = quote_path("a/" + f.old_path) if f.old_path else "/dev/null"
+    new = quote_path("b/" + f.new_path) if f.new_path else "/dev/null"
+    body = "".join(h.text if h.text.endswith("\n") else h.text + "\n" for h in hunks)
+    return parse_patch("part.patch", f"--- {old}\n+++ {new}\n{body}".encode(
+        "utf-8", "surrogateescape"))
+
+
+def _where(h: dm.HunkDrift) -> str:
+    return f"{h.file}:{h.old_start}"
+
+
+class _Carrier:
+    """The state of a rebase between patches: the two working copies and what was left out."""
+
+    def __init__(self, lead: Follow, scratch: Path) -> None:
+        self.lead = lead
+        self.work = _Copy(lead.target.root, scratch / "work")
+        self.base = _Copy(lead.base.root, scratch / "base")
+        self.room = scratch / "room"  # where merges and single hunks are made
+        for folder in (self.room / "hunk", self.base.root, self.work.root):
+            folder.mkdir(parents=True)
+        self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
+
+    def carry(self, patch: Patch) -> _Outcome:
+        self.work.load(patch.paths)
+        self.base.load(patch.paths)
+        with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
+            presult = run.patches[0]
+        drift = self.lead.patch(presult, self.work.files)
+        if any(hr.status == ALREADY for hr in presult.hunks):  # say where the engine found it
+            drift = replace(drift, hunks=tuple(
+                replace(d, reason=f"{d.reason}, at line {hr.line}")
+                if d.status == dm.ALREADY_APPLIED and hr.status == ALREADY and hr.line else d
+                for hr, d in zip(presult.hunks, drift.hunks, strict=False)))
+        before_base = {rel: self.base.files[rel] for rel in patch.paths}
+        # The base takes the whole series as it is: git apply, as it was written there.
+        if git_apply(self.base.root, patch.data, self.room, patch.strip):
+            for rel in patch.paths:
+                self.base.files[rel] = self.base.original(rel, here=True)
+        outcome = self._decide(patch, drift, before_base)
+        if outcome.status == NEEDS_HUMAN:
+            brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
+            for name in brings - self.lead.base.all_words - self.lead.target.all_words:
+                self.left_out.setdefault(name, patch.name)
+        else:
+            for rel, data in outcome.after.items():
+                self.work.put(rel, data)
+        return outcome
+
+    def _decide(self, patch: Patch, drift: dm.PatchDrift,
+                before_base: dict[str, bytes | None]) -> _Outcome:
+        hunks = drift.hunks
+        if all(h.status in _THERE for h in hunks):
+            return _Outcome(DROPPED, "; ".join(dict.fromkeys(
+                f"{_where(h)}: {h.reason}" for h in hunks)))
+        if not patch.hunks:  # a binary patch, a rename alone: drift has no hunk to follow
+            return self._human(patch, drift, "; ".join(h.reason for h in hunks), before_base)
+        pairs = list(zip(patch.hunks, hunks, strict=True))
+        carry = [(h, d) for h, d in pairs if d.status not in _THERE]
+        skipped = [d for _, d in pairs if d.status in _THERE]
+        status = MERGED if skipped else UNCHANGED
+        review = [f"{_where(d)} was left out: the target has it in another form ({d.reason})"
+                  for d in skipped if d.status == dm.PRESENT_UPSTREAM]
+        how = [f"{_where(d)} is in the target already ({d.reason}); carried without it"
+               for d in skipped if d.status == dm.ALREADY_APPLIED]
+        found = self._pieces(patch, carry, before_base)
+        if isinstance(found, str):
+            return self._human(patch, drift, found, before_base)
+        pieces = found
+        after: dict[str, bytes | None] = {}
+        for rel, versions in _by_file(pieces).items():
+            combined = versions[0] if len(versions) == 1 else self._combine(rel, versions)
+            if combined is None and len(versions) > 1:
+                return self._human(patch, drift, f"the hunks carried into {rel} overlap",
+                                   before_base)
+            after[rel] = combined
+        for piece in pieces:
+            status = max(status, piece.status, key=STATUSES.index)
+            how += [piece.said] if piece.said else []
+            review += [piece.concern] if piece.concern else []
+        written = self._new_lines(after)
+        for change in drift.semantic:
+            if change.change == "renamed" and not re.search(rf"\b{change.symbol}\b", written):
+                how.append(f"written with the target's name for {change.symbol}")
+            else:
+                review.append(f"it uses {change.symbol}: {change.detail}")
+        for name in identifiers(line for h in patch.hunks for line in h.added):
+            if name in self.left_out:
+                review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
+                              "was left out")
+        if not how:
+            offsets = sorted({d.offset for _, d in carry if d.offset})
+            how.append("applies as it is" if not offsets else
+                       "applies " + ", ".join(f"{o:+d}" for o in offsets) + " lines away")
+        if review:
+            return _Outcome(NEEDS_REVIEW, "; ".join(review + how), after)
+        return _Outcome(status, "; ".join(how), after)
+
+    def _pieces(self, patch: Patch, carry: list[tuple[Hunk, dm.HunkDrift]],
+                before_base: dict[str, bytes | None]) -> list[_Piece] | str:
+        """Each hunk carried on its own: the file it changes and that file's bytes with it;
+        or why one cannot be."""
+        pieces: list[_Piece] = []
+        for hunk, d in carry:
+            f = next(f for f in patch.files if f.path == hunk.path)
+            if f.status == "deleted":  # the whole file goes, or nothing does
+                with apply_hunks([_sub_patch(f, [hunk])], self.work.root, fuzz=0) as run:
+                    gone = run.patches[0].applied
+                piece: _Piece | str = _Piece(UNCHANGED, f.path, None) if gone else \
+                    f"{_where(d)}: the file it deletes is not the one the target has"
+            elif d.status in (dm.CLEAN, dm.OFFSET):
+                piece = self._landed(f, hunk, d, before_base)
+            else:
+                piece = self._hunk(f, hunk, d, before_base)
+            if isinstance(piece, str):
+                return piece
+            pieces.append(piece)
+        return pieces
+
+    def _landed(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
+                before_base: dict[str, bytes | None]) -> _Piece | str:
+        """A hunk whose context GNU patch finds whole, where it says or some lines away. The
+        same context may be there twice (one function written like another): it must land
+        inside what its function became, else it is carried there, for review; and where
+        a 3-way merge puts it elsewhere, or nothing vouches for the place, a reviewer is
+        told."""
+        mine = self.work.get(f.path)
+        alone = self._git_apply(f, [hunk], mine) if mine is not None and f.status == "modified" \
+            else self._apply(f, [hunk], self.work.root, fuzz=0)
+        merged = self._merge3(f, hunk, before_base)
+        home = self.lead.home(hunk)
+        strays = self._strays(f.path, alone, home)
+        found = f"{d.offset:+d} lines away" if d.offset else "at its line"
+        if strays:
+            landing = self.lead.relocate(hunk)
+            if landing is not None:
+                return _Piece(RELOCATED, landing.file, landing.data, f"{_where(d)}: relocated",
+                              f"{_where(d)}: GNU patch finds its context {found}, {strays}; "
+                              "it was put there" + (f" ({landing.guess})" if landing.guess
+                                                    else ""))
+            if merged is not None and not self._strays(f.path, merged, home):
+                return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
+                              f"{_where(d)}: GNU patch finds its context {found}, {strays}; "
+                              "a 3-way merge puts it there")
+            return f"{_where(d)}: GNU patch finds its context {found}, {strays}"
+        if alone is None:
+            return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way") \
+                if merged is not None else f"{_where(d)}: {d.reason}, but not on its own"
+        if merged is None or merged == alone:
+            return _Piece(UNCHANGED, f.path, alone, "", "" if home or merged or not d.offset
+                          else f"{_where(d)}: GNU patch finds its context {found}; no 3-way "
+                               "merge and no symbol confirm the place")
+        return _Piece(MERGED, f.path, merged, f"{_where(d)}: merged 3-way",
+                      f"{_where(d)}: GNU patch finds its context {found}, but a 3-way merge "
+                      "puts it elsewhere")
+
+    def _strays(self, rel: str, data: bytes | None,
+                home: tuple[str, int, int, str] | None) -> str:
+        """Why `data` (the file `rel` with a hunk in it) has the change outside `home`, what
+        its function became; "" when inside, or when that is unknown."""
+        before = self.work.get(rel)
+        if home is None or data is None or before is None:
+            return ""
+        start, _, _ = _region(before.splitlines(keepends=True), data.splitlines(keepends=True))
+        file, first, last, name = home
+        if file == rel and first - 3 <= start + 1 <= last + 3:
+            return ""
+        return f"line {start + 1}, but it belongs in {name} ({file}:{first})"
+
+    def _git_apply(self, f: FileDiff, hunks: Sequence[Hunk], data: bytes) -> bytes | None:
+        """`data` (the file `f`) with `hunks` applied by git apply (no fuzz), or None."""
+        where = self.room / "hunk" / f.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_bytes(data)
+        if not git_apply(self.room / "hunk", _sub_patch(f, hunks).data, self.room):
+            return None
+        return where.read_bytes()
+
+    def _hunk(self, f: FileDiff, hunk: Hunk, d: dm.HunkDrift,
+              before_base: dict[str, bytes | None]) -> _Piece | str:
+        """One hunk whose context is not where it says: where drift relocated it, else merged
+        3-way where the base and the target have its file, else (fuzz) where GNU patch puts
+        it, for review; or why none of that."""
+        if d.status == dm.RELOCATED:
+            landing = self.lead.landing(hunk)
+            if landing is None:
+                return f"{_where(d)}: {d.reason}, but drift cannot say how it reads there"
+            self.work.load([landing.file])
+            concerns = ([f"{_where(d)} lands in {landing.file} only with fuzz {landing.fuzz}"]
+                        if landing.fuzz else []) + (
+                [f"{_where(d)}: {landing.guess}"] if landing.guess else [])
+            return _Piece(RELOCATED, landing.file, landing.data, f"{_where(d)}: {d.reason}",
+                          "; ".join(concerns))
+        merged = self._merge3(f, hunk, before_base)
+        if merged is not None:
+            concern = (f"{_where(d)}: drift finds no place for it ({d.reason}), a 3-way merge "
+                       "does" if d.status == dm.CONFLICT else "")
+            return _Piece(MERGED, f.path, merged, f"{_where(d)}: {d.reason}; merged 3-way",
+                          concern)
+        data = self._apply(f, [hunk], self.work.root, fuzz=FUZZ_LIMIT) \
+            if d.status == dm.FUZZ else None
+        if data is None:
+            return f"{_where(d)}: {d.reason}"
+        return _Piece(UNCHANGED, f.path, data, "", f"{_where(d)} lands only with fuzz "
+                      f"{d.fuzz} and no 3-way merge is clean")
+
+    def _apply(self, f: FileDiff, hunks: Sequence[Hunk], root: Path, fuzz: int) -> bytes | None:
+        """The file `f` under `root` with `hunks` applied by the engine, or None."""
+        with apply_hunks([_sub_patch(f, hunks)], root, fuzz=fuzz) as run:
+            if not run.patches[0].applied:
+                return None
+            return run.files.get(f.path) or b""
+
+    def _merge3(self, f: FileDiff, hunk: Hunk,
+                before_base: dict[str, bytes | None]) -> bytes | None:
+        """The target's file merged with what `hunk` does to the base file, when the base and
+        the target both have the file and the merge is clean."""
+        if f.status != "modified":
+            return None
+        ours, base = self.work.get(f.path), before_base.get(f.path)
+        theirs = self._git_apply(f, [hunk], base) if ours is not None and base is not None \
+            else None
+        if ours is None or base is None or theirs is None:
+            return None
+        merged, conflicts = merge3(ours, base, theirs, room=self.room)
+        return None if conflicts else merged
+
+    def _new_lines(self, after: dict[str, bytes | None]) -> str:
+        """The lines the carried patch writes (and those around them), as one text."""
+        out = []
+        for rel, data in after.items():
+            before = self.work.get(rel)
+            _, _, lines = _region((before or b"").splitlines(keepends=True),
+                                  (data or b"").splitlines(keepends=True))
+            out.append(b"".join(lines).decode("utf-8", "surrogateescape"))
+        return "".join(out)
+
+    def _combine(self, rel: str, versions: list[bytes | None]) -> bytes | None:
+        """One file changed by several pieces, each made from the file before the patch:
+        the lines each one changes, all put together; None when two of them touch."""
+        ancestor = self.work.get(rel)
+        if ancestor is None or any(v is None for v in versions):
+            return None
+        old = ancestor.splitlines(keepends=True)
+        regions = sorted(_region(old, v.splitlines(keepends=True))
+                         for v in versions if v is not None)
+        out: list[bytes] = []
+        at = 0
+        for start, end, lines in regions:
+            if start < at or (start == at and out and start == end):
+                return None  # two pieces change the same lines, or insert at one place
+            out += old[at:start] + lines
+            at = end
+        return b"".join(out + old[at:])
+
+    def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str,
+               before_base: dict[str, bytes | None]) -> _Outcome:
+        return _Outcome(NEEDS_HUMAN, reason,
+                        conflict=self._side_file(patch, drift, reason, before_base))
+
+    def _side_file(self, patch: Patch, drift: dm.PatchDrift, reason: str,
+                   before_base: dict[str, bytes | None]) -> str:
+        """Both sides of a patch that needs a human: each hunk as the series has it, what
+        drift found in the target, its nearest match there, and the 3-way merge's conflicts
+        where the base and the target both have the file."""
+        out = [f"portkit rebase: {patch.name} needs a human", f"Subject: {patch.subject}",
+               f"Reason: {reason}", ""]
+        for number, (hunk, d) in enumerate(zip(patch.hunks, drift.hunks, strict=False), 1):
+            out += [f"=== hunk {number}: {hunk.path} @@ -{hunk.old_start},{hunk.old_len} "
+                    f"({d.status})", f"why: {d.reason}",
+                    "--- the series (as the patch changes the base):", hunk.body.rstrip("\n")]
+            if d.nearest is not None:
+                out += [f"--- the target, nearest match at {d.nearest.file}:{d.nearest.line}:",
+                        d.nearest.text]
+            else:
+                out.append("--- the target: no near match")
+            out.append("")
+        for f in patch.files:
+            ours, base, theirs = (self.work.get(f.path), before_base.get(f.path),
+                                  self.base.files.get(f.path))
+            if f.status != "modified" or ours is None or base is None or theirs is None \
+                    or theirs == base:
+                continue
+            merged, conflicts = merge3(ours, base, theirs, room=self.room)
+            if conflicts:
+                out += [f"=== {f.path}: git merge-file (target | base | series), "
+                        f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
+        return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _region(old: list[bytes], new: list[bytes]) -> tuple[int, int, list[bytes]]:
+    """Where `new` differs from `old`: old[start:end] is replaced by the returned lines."""
+    start = 0
+    while start < min(len(old), len(new)) and old[start] == new[start]:
+        start += 1
+    end = 0
+    while end < min(len(old), len(new)) - start and old[-1 - end] == new[-1 - end]:
+        end += 1
+    return start, len(old) - end, new[start:len(new) - end]
+
+
+def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
+    """The conflict-marked regions of a merge result, with a few lines around each."""
+    lines = merged.decode("utf-8", "surrogateescape").splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("<<<<<<< "):
+            i += 1
+            continue
+        end = next((k for k in range(i, len(lines)) if lines[k].startswith(">>>>>>> ")),
+                   len(lines) - 1)
+        lo, hi = max(i - context, 0), min(end + context + 1, len(lines))
+        out += [f"@ line {lo + 1}", *lines[lo:hi], ""]
+        i = end + 1
+    return out
+
+
+# -- the whole series -----------------------------------------------------------------------
+
+
+def _written(patch: Patch, diff: str, conventions: Conventions) -> Patch:
+    """The patch with `diff` for its diff, written as the series writes its patches: the
+    same mail (or preamble), file name and signature."""
+    if patch.is_mail and patch.author is not None and patch.date is not None:
+        text = render_mail(conventions, subject=patch.subject, body=patch.body,
+                           author=patch.author, date=patch.date, diff=diff,
+                           number=patch.number or 1, total=patch.total or 1)
+    else:
+        text = patch.header + diff + patch.trailer
+    if patch.crlf:
+        text = text.replace("\n", "\r\n")
+    return parse_patch(patch.name, text.encode("utf-8", "surrogateescape"), strip=patch.strip)
+
+
+def base_spec(spec: str, target: Path | None = None) -> str:
+    """--base as `portkit tree fetch` takes it; or, when the target is a local git checkout
+    and `spec` names no tree, a commit of that repository (as git:REPO@COMMIT)."""
+    if target is None or Path(spec).is_dir() or spec.startswith(("pypi:", "git:")) \
+            or not (target / ".git").exists():
+        return spec
+    found = git(["rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"], cwd=target,
+                check=False)
+    return f"git:{target.resolve()}@{found.stdout.strip()}" if found.returncode == 0 else spec
+
+
+def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
+           series_label: str = "series", target_label: str = "target") -> Rebased:
+    """Carry `series` (written against `base`, or against `fork` with the series taken out)
+    onto `target`. Nothing is written: see write_rebased."""
+    abbrev, headings = _style(series)
+    with follow(series, base, target, target_label, fork) as lead, \
+            _scratch("portkit-rebase-") as tmp:
+        carrier = _Carrier(lead, tmp)
+        rows: list[RebasedPatch] = []
+        carried: list[Patch] = []
+        side: dict[str, bytes] = {}
+        for patch in series.patches:
+            had = dict(carrier.work.files)
+            outcome = carrier.carry(patch)
+            if outcome.status in (DROPPED, NEEDS_HUMAN):
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
+                    if outcome.status == NEEDS_HUMAN else None
+                if name is not None:
+                    side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
+                rows.append(RebasedPatch(patch.name, patch.subject, outcome.status,
+                                         outcome.reason, None, name))
+                continue
+            before = {rel: had[rel] if rel in had else carrier.work.original(rel)
+                      for rel in outcome.after}
+            diff = git_diff(before, outcome.after, abbrev=abbrev, prefix=patch.strip != 0,
+                            renames=any(f.status == "renamed" for f in patch.files))
+            if not series.conventions.index_lines:
+                diff = re.sub(r"^index .*\n", "", diff, flags=re.M)
+            if not headings:
+                diff = _HEADING.sub(r"\1", diff)
+            if not diff:
+                rows.append(RebasedPatch(patch.name, patch.subject, DROPPED,
+                                         f"it changes nothing on the target ({outcome.reason})",
+                                         None))
+                continue
+            carried.append(_written(patch, diff, series.conventions))
+            rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
+                                     patch.name))
+        changed = {rel: data for rel, data in carrier.work.files.items()
+                   if data != carrier.work.original(rel)}
+    report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
+                          target_label, target.pin, tuple(rows))
+    out = Series(series.folder, series.kind, tuple(carried), series.conventions)
+    return Rebased(report, out, side, changed)
+
+
+@contextmanager
+def _scratch(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+def write_rebased(rebased: Rebased, out: Path) -> None:
+    """Write the carried series and the side files to `out` (absent or empty) all at once:
+    they are made in a hidden sibling and renamed into place."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.portkit-"))
+    try:
+        for rel, data in rebased.files().items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# -- a fork: its vendored tree moved onto the target ------------------------------------------
+#
+# An ollama-style fork vendors llama.cpp in llama/llama.cpp and ggml in ml/backend/ggml/ggml,
+# each refreshed from upstream by rsync with the fork's own rules (.rsync-filter in each
+# folder), pins upstream in Makefile.sync (FETCH_HEAD) and keeps its series in llama/patches.
+
+FILTER = ".rsync-filter"
+_RULE_WORDS = {"include": "include", "+": "include", "exclude": "exclude", "-": "exclude",
+               "protect": "protect", "P": "protect", "risk": "risk", "R": "risk",
+               "show": "include", "S": "include", "hide": "exclude", "H": "exclude"}
+_SENDER = frozenset({"include", "exclude"})  # show and hide are read as these
+_RECEIVER = frozenset({"include", "exclude", "protect", "risk"})
+_FETCH_HEAD = re.compile(r"^(\s*FETCH_HEAD\s*[:?]?=\s*)([0-9a-fA-F]{7,40})(\s*)$", re.M)
+_LLAMA_COMMIT = re.compile(r'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of an rsync filter file: what it does and the pattern it matches, as rsync
+    matches it (a pattern with a slash against the path, else against the name; a leading
+    slash anchors it at the synced folder, a trailing one matches folders only; `*` stays
+    within a name, `**` does not, `dir/***` is the folder and all it holds)."""
+
+    action: str
+    pattern: str
+
+    def matches(self, rel: str, is_dir: bool) -> bool:
+        pattern = self.pattern
+        if pattern.endswith("/***"):
+            stem = pattern[:-4]
+            return Rule(self.action, stem + "/").matches(rel, is_dir) or \
+                Rule(self.action, stem + "/**").matches(rel, is_dir)
+        if pattern.endswith("/"):
+            if not is_dir:
+                return False
+            pattern = pattern[:-1]
+        anchored = pattern.startswith("/")
+        pattern = pattern.lstrip("/")
+        rx = _wildmatch(pattern)
+        parts = rel.split("/")
+        if anchored:
+            return bool(rx.fullmatch(rel))
+        if "/" in pattern:
+            return any(rx.fullmatch("/".join(parts[k:])) for k in range(len(parts)))
+        return bool(rx.fullmatch(parts[-1]))
+
+
+def _wildmatch(pattern: str) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        c = pattern[i]
+        end = pattern.find("]", i + 2) if c == "[" else -1
+        if c == "[" and end != -1:
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body[:1] in "!^" else body) + "]")
+            i = end + 1
+            continue
+        out.append("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def read_filter(path: Path) -> list[Rule]:
+    """The rules of an rsync filter file; none when there is no file. `clear` (or `!`)
+    forgets the rules before it; merge rules and modifiers are refused."""
+    if not path.is_file():
+        return []
+    rules: list[Rule] = []
+    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line in ("!", "clear"):
+            rules.clear()
+            continue
+        word, _, pattern = line.partition(" ")
+        word = word.rstrip(",")
+        if word not in _RULE_WORDS or not pattern.strip():
+            raise PortkitError(f"{path}:{number}: portkit does not read the rsync rule "
+                               f"{line!r} (only include, exclude, protect, risk, show, hide)")
+        rules.append(Rule(_RULE_WORDS[word], pattern.strip()))
+    return rules
+
+
+def _first(rules: Sequence[Rule], rel: str, is_dir: bool, actions: frozenset[str]) -> str:
+    return next((r.action for r in rules if r.action in actions and r.matches(rel, is_dir)),
+                "include")
+
+
+def _folders_pass(rules: Sequence[Rule], rel: str) -> bool:
+    parts = rel.split("/")
+    return all(_first(rules, "/".join(parts[:i]), True, _SENDER) == "include"
+               for i in range(1, len(parts)))
+
+
+def sent(rules: Sequence[Rule], rel: str) -> bool:
+    """Whether rsync sends the file `rel` (relative to the synced folder) under `rules`:
+    neither it nor a folder above it is excluded, the first matching rule deciding."""
+    return _folders_pass(rules, rel) and _first(rules, rel, False, _SENDER) == "include"
+
+
+def deleted(rules: Sequence[Rule], rel: str) -> bool:
+    """Whether rsync --delete removes `rel` from the receiving side when the sender does not
+    have it: it is neither excluded (nor a folder above it) nor protected."""
+    return _folders_pass(rules, rel) and _first(rules, rel, False, _RECEIVER) in (
+        "include", "risk")
+
+
+def _files(root: Path, rules: Sequence[Rule], skip: frozenset[str] = frozenset()) -> list[str]:
+    """The files under `root` that the rules let through, relative to it (`.git` and the
+    top-level names in `skip` left out; excluded folders not entered)."""
+    out: list[str] = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder).relative_to(root).as_posix()
+        prefix = "" if here == "." else here + "/"
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not (not prefix and d in skip)
+                         and _first(rules, prefix + d, True, _SENDER) == "include")
+        out += [prefix + n for n in sorted(names) if not (not prefix and n in skip)]
+    return out
+
+
+@dataclass
+class ForkMove:
+    """What `rebase --onto` does to a fork, all in one transaction: the vendored files
+    refreshed from the target with the carried series, the new pin, the new series."""
+
+    fork: Tree
+    rebased: Rebased
+    pin: str
+    changes: list[Write | Delete] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> list[RebasedPatch]:
+        """The patches that need a human: the fork is not moved while there are any."""
+        return [p for p in self.rebased.report.patches if p.status == NEEDS_HUMAN]
+
+    def describe(self) -> str:
+        """The plan, one line per change (for --dry-run)."""
+        old = self.fork.pin or "?"
+        lines = [f"move {self.fork.root} from {old[:12]} to {self.pin[:12]}:"]
+        lines += [f"  {'write' if isinstance(c, Write) else 'delete'} {c.rel}"
+                  for c in self.changes]
+        if self.blocked:
+            lines.append(f"blocked: {len(self.blocked)} patch(es) need a human: "
+                         + ", ".join(p.file for p in self.blocked))
+        return "\n".join(lines) + "\n"
+
+
+def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
+              target_label: str = "target") -> ForkMove:
+    """Carry the fork's series onto `target` (its base: `base`, else the fork with the series
+    taken out) and plan the move. Nothing is written: see move_fork."""
+    if fork.layout != OLLAMA or fork.series_dir is None:
+        raise UsageError(f"{fork.root} is not an ollama-style fork with llama/patches "
+                         "(give the series with --series)")
+    if target.pin is None or not re.fullmatch(r"[0-9a-fA-F]{7,40}", target.pin):
+        raise PortkitError(f"the commit of {target.root} is not known: the fork's pin cannot "
+                           "be moved to it (give a git target)")
+    series = read_series(fork.series_dir)
+    rebased = rebase(series, target, base=base, fork=None if base else fork,
+                     series_label=fork.series_dir.relative_to(fork.root).as_posix(),
+                     target_label=target_label)
+    move = ForkMove(fork, rebased, target.pin)
+    move.changes += _vendored(fork, target, rebased.carried)
+    move.changes += _pin_changes(fork, target.pin)
+    folder = fork.series_dir.relative_to(fork.root).as_posix()
+    kept = {p.name: p.data for p in rebased.series.patches}
+    for patch in series.patches:
+        if patch.name not in kept:
+            move.changes.append(Delete(f"{folder}/{patch.name}"))
+        elif kept[patch.name] != patch.data:
+            move.changes.append(Write(f"{folder}/{patch.name}", kept[patch.name]))
+    return move
+
+
+def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> list[Write | Delete]:
+    """The vendored files refreshed: each side (llama.cpp, ggml) sent from the target with
+    the carried series applied, under the fork's rules for that side."""
+    apart = not fork.ggml_root.is_relative_to(fork.llama_root)
+    sides = [(fork.llama_root, target.llama_root, "", frozenset({"ggml"}) if apart
+              else frozenset())]
+    if apart:
+        sides.append((fork.ggml_root, target.ggml_root, "ggml/", frozenset()))
+    changes: list[Write | Delete] = []
+    for mine, theirs, prefix, skip in sides:
+        rules = read_filter(mine / FILTER)
+        new: dict[str, bytes | None] = {rel: (theirs / rel).read_bytes()
+                                        for rel in _files(theirs, rules, skip)
+                                        if sent(rules, rel)}
+        for path, data in carried.items():
+            rel = path.removeprefix(prefix)
+            if path.startswith(prefix) and (prefix or not (apart and path.startswith("ggml/"))) \
+                    and sent(rules, rel):
+                new[rel] = data
+        here = mine.relative_to(fork.root).as_posix()
+        current = set(_files(mine, [], skip))
+        for rel, data in sorted(new.items()):
+            if data is None:
+                if rel in current:
+                    changes.append(Delete(f"{here}/{rel}"))
+            elif rel not in current or (mine / rel).read_bytes() != data:
+                changes.append(Write(f"{here}/{rel}", data))
+        changes += [Delete(f"{here}/{rel}") for rel in sorted(current - set(new))
+                    if rel != FILTER and deleted(rules, rel)]
+    return changes
+
+
+def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
+    """Makefile.sync's FETCH_HEAD (and llama/build-info.cpp's LLAMA_COMMIT, when it names
+    the old pin) set to `pin`."""
+    out: list[Write | Delete] = []
+    sync = fork.root / "Makefile.sync"
+    if sync.is_file():
+        text = sync.read_text()
+        if not _FETCH_HEAD.search(text):
+            raise PortkitError(f"{sync} has no FETCH_HEAD line to move")
+        out.append(Write("Makefile.sync", _FETCH_HEAD.sub(
+            lambda m: m.group(1) + pin + m.group(3), text, count=1).encode()))
+    info = fork.root / "llama" / "build-info.cpp"
+    if info.is_file() and fork.pin:
+        text = info.read_text()
+        new = _LLAMA_COMMIT.sub(lambda m: m.group(1) + pin + m.group(3)
+                                if pin_matches(m.group(2), fork.pin or "") else m.group(0), text)
+        if new != text:
+            out.append(Write("llama/build-info.cpp", new.encode()))
+    return out
+
+
+def move_fork(move: ForkMove) -> str | None:
+    """Make the move's changes to the fork in one transaction (under the fork's lock); a
+    failure anywhere leaves the fork as it was. Returns what the lock's settling said (a
+    roll-back of an earlier, killed portkit), if anything."""
+    if move.blocked:
+        raise PortkitError(f"{len(move.blocked)} patch(es) need a human "
+                           f"({', '.join(p.file for p in move.blocked)}): the fork is not moved")
+    root = move.fork.root
+    _refuse_uncommitted(root, [c.rel for c in move.changes])
+    with tree_lock(root):
+        said = settle(root, writer=True)
+        with transaction(root, f"rebase onto {move.pin[:12]}", move.changes):
+            checkpoint("rebase:written")
+    return said
+
+
+def _refuse_uncommitted(root: Path, rels: list[str]) -> None:
+    """Refuse to overwrite changes not committed in the fork's repository."""
+    if not (root / ".git").exists() or not rels:
+        return
+    status = git(["status", "--porcelain", "--untracked-files=all", "--", *rels], cwd=root,
+                 check=False)
+    if status.returncode != 0:
+        raise TreeError(f"cannot tell whether {root} has uncommitted changes: "
+                        f"{status.stderr.strip()}")
+    dirty = status.stdout.splitlines()
+    if dirty:
+        raise TreeError(f"uncommitted changes in {dirty[0][3:]}"
+                        + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
+                        + "; commit or stash them first")
+
+
+# -- --compile: what the carried series does to the build -------------------------------------
+
+_UNITS = (".c", ".cc", ".cpp")
+_DIAGNOSTIC = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? (?:fatal )?error: "
+                         r"(?P<message>.*)$", re.M)
+# Where llama.cpp's sources find their headers (relative to the llama.cpp root).
+INCLUDE_DIRS = ("include", "src", "common", "ggml/include", "ggml/src", "ggml/src/ggml-cpu")
+
+
+@dataclass(frozen=True)
+class CompileError:
+    file: str  # relative to the llama.cpp root
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+def compile_errors(root: Path, unit: str) -> list[CompileError]:
+    """The errors of compiling `unit` (syntax and types only) in the llama.cpp tree at
+    `root`, with the layout's include paths."""
+    c = unit.endswith(".c")
+    compiler = shutil.which("cc" if c else "c++")
+    if compiler is None:
+        raise PortkitError("no C/C++ compiler (apt-get install g++)")
+    flags = ["-std=gnu11"] if c else ["-std=gnu++17"]
+    includes = [f"-I{d}" for d in INCLUDE_DIRS if (root / d).is_dir()]
+    done = run([compiler, *flags, "-fsyntax-only", "-w", "-fmax-errors=20",
+                "-fno-diagnostics-color", *includes, unit], cwd=root, check=False)
+    return [CompileError(os.path.normpath(m["file"]), int(m["line"]), m["message"].strip())
+            for m in _DIAGNOSTIC.finditer(done.stderr)]
+
+
+def _overlay(source: Path, files: dict[str, bytes | None], dest: Path) -> Path:
+    """`dest` made to read as `source` with `files` in place of its own: symbolic links to
+    everything else, real folders only along the paths of `files`."""
+    def populate(real: Path, src: Path) -> None:
+        for entry in src.iterdir():
+            (real / entry.name).symlink_to(entry)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    populate(dest, source)
+    for rel, data in files.items():
+        here, there = dest, source
+        for part in rel.split("/")[:-1]:
+            here, there = here / part, there / part
+            if here.is_symlink():
+                here.unlink()
+            if not here.exists():
+                here.mkdir()
+                if there.is_dir():
+                    populate(here, there)
+        path = dest / rel
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        if data is not None:
+            path.write_bytes(data)
+    return dest
+
+
+def compile_check(rebased: Rebased, target: Tree) -> Rebased:
+    """Compile the translation units the carried series touches, on the target without and
+    with it. Each error only the carried tree has is charged to the patch that wrote its
+    line (else to the last patch that changed its file, else its unit), which is then
+    needs-review, with the error."""
+    units = sorted(rel for rel, data in rebased.carried.items()
+                   if rel.endswith(_UNITS) and data is not None)
+    charged: dict[str, list[str]] = {}
+    with tree_view(target) as view, _scratch("portkit-compile-") as tmp:
+        carried = _overlay(view, rebased.carried, tmp / "tree")
+        for unit in units:
+            before = {(e.file, e.message) for e in compile_errors(view, unit)
+                      if (view / unit).is_file()}
+            for error in compile_errors(carried, unit):
+                if (error.file, error.message) in before:
+                    continue
+                text = _line(carried / error.file, error.line)
+                patch = _author(rebased.series.patches, error.file, text, unit)
+                if patch is not None:
+                    charged.setdefault(patch, []).append(str(error))
+    rows = []
+    for row in rebased.report.patches:
+        errors = charged.get(row.file)
+        if errors and row.output is not None:
+            row = RebasedPatch(row.file, row.subject, NEEDS_REVIEW,
+                               f"it does not compile: {'; '.join(errors[:3])}; {row.reason}",
+                               row.output, row.conflict)
+        rows.append(row)
+    report = RebaseReport(rebased.report.series, rebased.report.base, rebased.report.target,
+                          rebased.report.pin, tuple(rows))
+    return Rebased(report, rebased.series, rebased.side_files, rebased.carried)
+
+
+def _line(path: Path, number: int) -> str:
+    try:
+        lines = path.read_bytes().decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return ""
+    return lines[number - 1].strip() if 0 < number <= len(lines) else ""
+
+
+def _author(patches: Sequence[Patch], file: str, text: str, unit: str) -> str | None:
+    """The carried patch that wrote the line `text` of `file`: the last one that adds it;
+    else the last that changes the file, else the last that changes the unit."""
+    for patch in reversed(patches):
+        if text and any(h.path == file and any(a.strip() == text for a in h.added)
+                        for h in patch.hunks):
+            return patch.name
+    for path in (file, unit):
+        for patch in reversed(patches):
+            if path in patch.paths:
+                return patch.name
+    return None

@@ -1,0 +1,768 @@
+"""`portkit rebase`: a series carried onto a newer tree, patch by patch.
+
+Offline: a small tree, its newer version (a function renamed with its class, a signature
+changed, code moved, a function removed, a change made upstream) and a fork series written
+by git format-patch against the first, carried onto the second; the rotation series
+rendered on the fixture tree shaped like 0.3.16, carried onto the one shaped like 0.3.17.
+
+Slow (real trees): the rotation series rendered for 0.3.16 carried onto 0.3.17, 0.3.19 and
+0.3.20, against what portkit renders on those trees directly; the 40-patch fork series of
+tests/data/fork-series carried onto 0.3.17 and 0.3.19, against the patches redone by hand.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from portkit import rebase as rb
+from portkit.drift import feature_of
+from portkit.errors import PortkitError, UsageError
+from portkit.hunks import apply_hunks
+from portkit.render import render, write_series
+from portkit.series import Patch, Series, read_series
+from portkit.transaction import TreeFiles, Write
+from portkit.tree import detect, fetch
+
+from .conftest import commit_all, tree_bytes
+from .test_series import OLLAMA_OPTIONS, GitRepo
+
+REPO = Path(__file__).resolve().parent.parent
+FORK_SERIES = REPO / "tests" / "data" / "fork-series"
+ROTATION = REPO / "patches" / "kv-rotation"
+ROTATION_PINS = {"0.3.16": "4227c9be4268ac844921b90f31595f81236bd317",
+                 "0.3.17": "49bfddeca18e62fa3d39114a23e9fcbdf8a22388",
+                 "0.3.19": "c0159f9c1f874da15e94f371d136f5920b4b5335"}
+GIT_ENV = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+           "LC_ALL": "C"}
+
+
+def git_apply(files: dict[str, bytes | None], patches: Iterable[Patch],
+              tmp: Path) -> dict[str, bytes | None]:
+    """`files` with `patches` applied in order by plain `git apply` (each must apply)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    for rel, data in files.items():
+        if data is not None:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+    touched = set(files)
+    for patch in patches:
+        done = subprocess.run(["git", "apply", "-"], cwd=tmp, input=patch.data, env=GIT_ENV,
+                              capture_output=True, check=False)
+        assert done.returncode == 0, f"{patch.name}: {done.stderr.decode()}"
+        touched |= set(patch.paths)
+    return {rel: (tmp / rel).read_bytes() if (tmp / rel).is_file() else None
+            for rel in sorted(touched)}
+
+
+def read(root: Path, paths: Iterable[str]) -> dict[str, bytes | None]:
+    return {rel: (root / rel).read_bytes() if (root / rel).is_file() else None
+            for rel in paths}
+
+
+# -- offline: a small tree and its newer version ------------------------------------------
+
+HEADER = """\
+#pragma once
+int llama_helper(int x);
+int llama_sum(int a, int b);
+"""
+
+LLAMA = """\
+#include "llama.h"
+
+int llama_helper(int x) {
+    return x + 1;
+}
+
+int llama_sum(int a, int b) {
+    int s = a + b;
+    return s;
+}
+
+int llama_twice(int x) {
+    int y = x * 2;
+    int t = y;
+    return t;
+}
+
+int llama_gone(int x) {
+    int z = x - 1;
+    return z;
+}
+
+int llama_last(int x) {
+    int w = x * 3;
+    return w;
+}
+
+int llama_end(void) {
+    return 0;
+}
+"""
+
+KV_H = """\
+#pragma once
+struct llama_kv_cache_unified {
+    bool seq_rm(int seq, int p0, int p1);
+    int n = 0;
+};
+"""
+
+KV = """\
+#include "llama-kv-cache-unified.h"
+
+bool llama_kv_cache_unified::seq_rm(int seq, int p0, int p1) {
+    if (seq < 0) {
+        return false;
+    }
+
+    n -= p1 - p0;
+    return true;
+}
+"""
+
+BASE = {"include/llama.h": HEADER, "src/llama.cpp": LLAMA,
+        "src/llama-kv-cache-unified.h": KV_H, "src/llama-kv-cache-unified.cpp": KV}
+
+# Upstream, later: a block of new code at the top of llama.cpp, llama_helper takes two
+# arguments, a line of llama_twice reworded, llama_gone removed, llama_last changed as the
+# fork's patch 4 changes it, and the KV cache renamed (class and files) with its code moved.
+TARGET = {
+    "include/llama.h": HEADER.replace("llama_helper(int x)", "llama_helper(int x, int y)"),
+    "src/llama.cpp": LLAMA.replace(
+        '#include "llama.h"\n',
+        '#include "llama.h"\n\n// version\nstatic int llama_version(void) {\n    return 2;\n}\n')
+    .replace("int llama_helper(int x) {\n    return x + 1;",
+             "int llama_helper(int x, int y) {\n    return x + y;")
+    .replace("    int y = x * 2;\n", "    int y = 2 * x;\n")
+    .replace("int llama_gone(int x) {\n    int z = x - 1;\n    return z;\n}\n\n", "")
+    .replace("int w = x * 3;", "int w = 3 * x;"),
+    "src/llama-kv-cache.h": KV_H.replace("llama_kv_cache_unified", "llama_kv_cache"),
+    "src/llama-kv-cache.cpp": KV.replace("llama_kv_cache_unified", "llama_kv_cache")
+    .replace("bool llama_kv_cache::seq_rm",
+             "int llama_kv_cache::size() const {\n    return n;\n}\n\n"
+             "bool llama_kv_cache::seq_rm"),
+}
+
+# The fork's series on BASE, in order: (subject, {file: (old text, new text)}), each edit
+# made on the file as the patches before left it.
+SERIES = [
+    ("sum: say that the sum is checked",
+     {"src/llama.cpp": ("    int s = a + b;\n", "    int s = a + b;\n    // checked\n")}),
+    ("twice: clamp the result",
+     {"src/llama.cpp": ("    return t;\n", "    return t > 100 ? 100 : t;\n")}),
+    ("kv: an empty range removes nothing",
+     {"src/llama-kv-cache-unified.cpp": (
+         "    n -= p1 - p0;\n", "    if (p0 == p1) {\n        return true;\n    }\n\n"
+                               "    n -= p1 - p0;\n")}),
+    ("last: multiply on the left",
+     {"src/llama.cpp": ("int w = x * 3;", "int w = 3 * x;")}),
+    ("gone: log the value",
+     {"src/llama.cpp": ("    int z = x - 1;\n",
+                        "    int z = x - 1;\n    llama_gone_logged = z;\n")}),
+    ("end: a caller of the helper",
+     {"src/llama.cpp": ("int llama_end(void) {\n    return 0;\n}\n",
+                        "int llama_end(void) {\n    return 0;\n}\n\n"
+                        "int llama_call(int x) {\n    return llama_helper(x);\n}\n")}),
+    ("end: read what gone logged",
+     {"src/llama.cpp": ("int llama_call(int x) {\n",
+                        "int llama_read(void) {\n    return llama_gone_logged;\n}\n\n"
+                        "int llama_call(int x) {\n")}),
+]
+
+# What a careful maintainer carries, and how portkit must say it.
+EXPECTED = [
+    (rb.UNCHANGED, {"src/llama.cpp": ("    int s = a + b;\n",
+                                      "    int s = a + b;\n    // checked\n")}),
+    (rb.MERGED, {"src/llama.cpp": ("    return t;\n", "    return t > 100 ? 100 : t;\n")}),
+    (rb.RELOCATED, {"src/llama-kv-cache.cpp": (
+        "    n -= p1 - p0;\n", "    if (p0 == p1) {\n        return true;\n    }\n\n"
+                              "    n -= p1 - p0;\n")}),
+    (rb.DROPPED, {}),
+    (rb.NEEDS_HUMAN, {}),
+    (rb.NEEDS_REVIEW, {"src/llama.cpp": ("int llama_end(void) {\n    return 0;\n}\n",
+                                         "int llama_end(void) {\n    return 0;\n}\n\n"
+                                         "int llama_call(int x) {\n"
+                                         "    return llama_helper(x);\n}\n")}),
+    (rb.NEEDS_REVIEW, {"src/llama.cpp": ("int llama_call(int x) {\n",
+                                         "int llama_read(void) {\n"
+                                         "    return llama_gone_logged;\n}\n\n"
+                                         "int llama_call(int x) {\n")}),
+]
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def edit(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def project(root: Path, base_files: dict[str, str], target_files: dict[str, str],
+            series: list[tuple[str, dict[str, tuple[str, str]]]]) -> tuple[Path, Path, Path]:
+    """(base tree, target tree, series folder): the series made by git format-patch, each
+    patch a commit of its edits on the base as the patches before left it."""
+    base = write_tree(root / "base", base_files)
+    target = write_tree(root / "target", target_files)
+    repo = GitRepo(write_tree(root / "repo", base_files))
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("base", {rel: text.encode() for rel, text in base_files.items()})
+    repo.git("tag", "base")
+    files = dict(base_files)
+    for subject, edits in series:
+        for rel, (old, new) in edits.items():
+            files[rel] = edit(files[rel], old, new)
+        repo.commit(f"{subject}\n\nWhy: {subject}.", {rel: files[rel].encode() for rel in edits},
+                    author="Fork Maintainer <fork@example.org>")
+    repo.format_patch(root / "series", *OLLAMA_OPTIONS)
+    return base, target, root / "series"
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(base tree, target tree, series folder) of the small project."""
+    return project(tmp_path, BASE, TARGET, SERIES)
+
+
+def test_each_patch_is_carried_as_a_careful_maintainer_would(small, tmp_path):
+    base, target, folder = small
+    series = read_series(folder)
+    before = tree_bytes(base), tree_bytes(target), tree_bytes(folder)
+    done = rb.rebase(series, detect(target), base=detect(base))
+    assert [p.status for p in done.report.patches] == [s for s, _ in EXPECTED]
+    assert (tree_bytes(base), tree_bytes(target), tree_bytes(folder)) == before
+    # Applied in order by plain git apply, the carried series gives, patch by patch, the
+    # target with each carried change made by hand.
+    state = read(target, TARGET)
+    carried = {p.name: p for p in done.series.patches}
+    for n, (row, (_, edits)) in enumerate(zip(done.report.patches, EXPECTED, strict=True)):
+        want = dict(state)
+        for rel, (old, new) in edits.items():
+            want[rel] = edit((want[rel] or b"").decode(), old, new).encode()
+        got = git_apply(state, [carried[row.file]], tmp_path / f"apply-{n}") \
+            if row.output else state
+        assert (row.output is not None) == bool(edits) == (row.file in carried), row
+        assert got == want, row.file
+        state = want
+
+
+def test_the_base_may_be_another_commit_of_the_target_repository(small, offline_cache):
+    base, target, folder = small
+    repo = GitRepo(target)
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("upstream, then", {rel: text.encode() for rel, text in BASE.items()})
+    old = repo.git("rev-parse", "HEAD").decode().strip()
+    repo.commit("upstream, now", {rel: text.encode() for rel, text in TARGET.items()}
+                | {rel: None for rel in set(BASE) - set(TARGET)})
+    assert rb.base_spec("HEAD~1", target) == f"git:{target.resolve()}@{old}"
+    assert rb.base_spec(str(base), target) == str(base)
+    fetched = detect(fetch(rb.base_spec("HEAD~1", target)))
+    assert fetched.pin == old
+    done = rb.rebase(read_series(folder), detect(target), base=fetched)
+    assert [p.status for p in done.report.patches] == [s for s, _ in EXPECTED]
+
+
+def test_reasons_say_why_and_where(small):
+    base, target, folder = small
+    rows = rb.rebase(read_series(folder), detect(target), base=detect(base)).report.patches
+    assert "lines away" in rows[0].reason
+    assert "merged 3-way" in rows[1].reason
+    assert "llama_kv_cache_unified::seq_rm is llama_kv_cache::seq_rm" in rows[2].reason
+    assert "src/llama-kv-cache.cpp" in rows[2].reason
+    assert "it reverse-applies" in rows[3].reason  # dropped: the target has it verbatim
+    assert "llama_gone" in rows[4].reason and rows[4].conflict is not None
+    assert "it uses llama_helper: llama_helper(int) is llama_helper(int, int) now" \
+        in rows[5].reason
+    assert "it uses llama_gone_logged" in rows[6].reason and rows[4].file in rows[6].reason
+
+
+def test_carried_patches_keep_their_mail_and_look_like_git(small, tmp_path):
+    base, target, folder = small
+    series = read_series(folder)
+    done = rb.rebase(series, detect(target), base=detect(base))
+    originals = {p.name: p for p in series.patches}
+    assert done.series.conventions == series.conventions
+    for patch in done.series.patches:
+        old = originals[patch.name]
+        assert (patch.author, patch.date, patch.subject, patch.body, patch.commit) == \
+            (old.author, old.date, old.subject, old.body, old.commit)
+        assert patch.text.startswith("From 0000000000000000000000000000000000000000 ")
+        assert "[PATCH]" in patch.header and patch.stat is not None
+        added = sum(len(h.added) for h in patch.hunks)
+        assert f"{added} insertion" in patch.stat
+        # index <old>..<new> 100644: git's blob ids of the file before and after, cut to
+        # the series' seven digits; @@ lines with git's function headings
+        for f in patch.files:
+            index = f.header("index")
+            assert index is not None and re.fullmatch(r"[0-9a-f]{7}\.\.[0-9a-f]{7} 100644",
+                                                      index)
+        assert all(h.section for h in patch.hunks)
+    relocated = next(p for p in done.series.patches if p.name == done.report.patches[2].file)
+    (f,) = relocated.files
+    before = (target / f.path).read_bytes()
+    blob = hashlib.sha1(b"blob %d\0" % len(before) + before).hexdigest()
+    assert f.path == "src/llama-kv-cache.cpp" and f.header("index").startswith(blob[:7])
+    assert relocated.hunks[0].section == "bool llama_kv_cache::seq_rm(int seq, int p0, int p1) {"
+
+
+def test_a_patch_that_needs_a_human_leaves_a_side_file_with_both_sides(small, tmp_path):
+    base, target, folder = small
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    row = done.report.patches[4]
+    assert row.status == rb.NEEDS_HUMAN and row.output is None
+    assert row.conflict == f"needs-human/{Path(row.file).stem}.conflict"
+    text = done.side_files[row.conflict].decode()
+    assert f"Reason: {row.reason}" in text
+    assert "+    llama_gone_logged = z;" in text  # the series' side
+    assert "--- the target" in text  # and the target's: the nearest match, or none
+    assert "git merge-file (target | base | series)" in text  # and the 3-way conflict
+    assert "<<<<<<< target" in text and ">>>>>>> series" in text
+
+
+def test_output_is_written_at_once_and_never_over_something(small, tmp_path):
+    base, target, folder = small
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    out = tmp_path / "out"
+    rb.write_rebased(done, out)
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert written == {p.name for p in done.series.patches} | set(done.side_files)
+    assert read_series(out).patches == done.series.patches
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    with pytest.raises(UsageError, match="exists and is not an empty folder"):
+        rb.write_rebased(done, out)
+    (tmp_path / "empty").mkdir()
+    rb.write_rebased(done, tmp_path / "empty")
+    assert tree_bytes(tmp_path / "empty") == tree_bytes(out)
+
+
+def test_report_formats(small):
+    base, target, folder = small
+    report = rb.rebase(read_series(folder), detect(target), base=detect(base),
+                       series_label="series", target_label="newer").report
+    data = json.loads(rb.render(report, "json"))
+    assert data["schema"] == "portkit-rebase/1" and data["target"] == "newer"
+    assert data["summary"] == {rb.UNCHANGED: 1, rb.MERGED: 1, rb.RELOCATED: 1, rb.DROPPED: 1,
+                               rb.NEEDS_HUMAN: 1, rb.NEEDS_REVIEW: 2}
+    assert [set(p) for p in data["patches"]] == [
+        {"file", "subject", "status", "reason", "output", "conflict"}] * len(SERIES)
+    assert [p["output"] for p in data["patches"]] == [p.output for p in report.patches]
+    table = rb.render(report, "table")
+    assert all(p.file in table and p.status in table for p in report.patches)
+    markdown = rb.render(report, "markdown")
+    assert markdown.count("\n| ") == len(SERIES) + 1 and "needs-human/" in markdown
+    assert report.exit_code == rb.ATTENTION_EXIT
+    with pytest.raises(UsageError):
+        rb.render(report, "sarif")
+
+
+def test_a_series_onto_the_tree_it_was_written_for_is_all_there(small):
+    base, _, folder = small
+    applied = base.parent / "applied"
+    write_tree(applied, BASE)
+    series = read_series(folder)
+    with apply_hunks(series, applied) as result:
+        assert result.ok
+        for rel, data in result.files.items():
+            assert data is not None
+            (applied / rel).write_bytes(data)
+    done = rb.rebase(series, detect(applied), base=detect(base))
+    assert {p.status for p in done.report.patches} == {rb.DROPPED}
+    assert not done.series.patches and done.report.exit_code == 0
+
+
+# -- offline: the fixture trees --------------------------------------------------------------
+
+
+def test_fixture_rotation_follows_the_rename(fixture_tree, tmp_path):
+    """The rotation rendered on the fixture tree shaped like 0.3.16, carried onto the one
+    shaped like 0.3.17 (the unified KV cache renamed, with its files): what is carried is
+    written in the target's names and files, and applies with plain git apply."""
+    old = fixture_tree("old")
+    folder = tmp_path / "series"
+    write_series(render(detect(old), "kv-rotation"), folder)
+    target = fixture_tree("renamed")
+    done = rb.rebase(read_series(folder), detect(target), base=detect(old))
+    rows = {p.file[:4]: p for p in done.report.patches}
+    assert rows["0002"].status == rb.RELOCATED
+    assert "written with the target's name for llama_kv_cache_unified" in rows["0002"].reason
+    assert rows["0001"].status == rb.NEEDS_REVIEW and "it uses n_embd_head_k:" in \
+        rows["0001"].reason  # the head sizes are methods in the target
+    for patch in done.series.patches:
+        assert not [line for h in patch.hunks for line in h.added if "unified" in line]
+        assert {f.path for f in patch.files} <= set(tree_bytes(target))
+    paths = sorted(set(done.series.paths))
+    git_apply(read(target, paths), done.series.patches, tmp_path / "applied")
+    for row in done.report.patches:
+        assert row.reason and (row.output is None) == (row.status == rb.NEEDS_HUMAN)
+        assert (row.conflict is not None) == (row.status == rb.NEEDS_HUMAN)
+
+
+# -- slow: the rotation series, against the series rendered on the target -------------------
+
+
+def rotation(version: str) -> Series:
+    return read_series(ROTATION / ROTATION_PINS[version])
+
+
+def definition_above(lines: list[str], at: int) -> str:
+    """The name of the definition whose body holds line `at` (0-based): the nearest line
+    above that starts a definition at the left margin."""
+    for line in reversed(lines[:at + 1]):
+        if m := re.match(r"[A-Za-z_][\w:<>*& ]*?\b([\w:~]+)\s*\(", line):
+            return m.group(1)
+    return ""
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_rotation_onto_newer_trees_differs_from_the_direct_render_only_as_explained(
+        registry_tree, tmp_path, version):
+    """The series rendered for 0.3.16, rebased, against the one portkit renders on the
+    target. Differences, all explained:
+
+    - 0002, 0004 and 0005 need a human: 0002's context methods went before get_padding,
+      which is gone; 0004's first hunk finds its context in the iSWA overload of
+      build_attn, not the one it belongs to; 0005 extends code 0001 brought, which the
+      target has elsewhere. They are left out, so the test compares with the direct render
+      of the carried patches only.
+    - the direct render of 0003 covers code 0.3.16 does not have at all (the hybrid-memory
+      inputs): what no rebase of the 0.3.16 series can bring. Those hunks are in
+      definitions the base tree lacks.
+    - 0001 is carried as text, with the head sizes still read as fields: the target made
+      them methods, which is why it is needs-review, naming them.
+    """
+    base = detect(registry_tree("0.3.16"))
+    target = detect(registry_tree(version))
+    done = rb.rebase(rotation("0.3.16"), target, base=base, target_label=version)
+    rows = {p.file[:4]: p for p in done.report.patches}
+    assert {k: p.status for k, p in rows.items()} == {
+        "0001": rb.NEEDS_REVIEW, "0002": rb.NEEDS_HUMAN, "0003": rb.NEEDS_REVIEW,
+        "0004": rb.NEEDS_HUMAN, "0005": rb.NEEDS_HUMAN}
+    assert "get_padding, which is not in the target" in rows["0002"].reason
+    assert "llm_graph_context::build_attn" in rows["0004"].reason
+    assert "which 0002-kv-cache-rotation-matrices-as-graph-inputs.patch brings" \
+        in rows["0003"].reason  # it reads what the left-out patch adds
+    flagged = {"n_embd_head_k", "n_embd_head_v", "n_embd_head_k_mla", "n_embd_head_v_mla"}
+    assert all(f"it uses {name}:" in rows["0001"].reason for name in flagged)
+
+    direct = [p for p in rotation(version).patches if p.name in
+              {r.file for r in done.report.patches if r.output}]
+    paths = sorted(set(rotation(version).paths) | set(done.series.paths))
+    ours = git_apply(read(target.llama_root, paths), done.series.patches, tmp_path / "ours")
+    theirs = git_apply(read(target.llama_root, paths), direct, tmp_path / "direct")
+    unexplained = []
+    for rel in paths:
+        a = (theirs[rel] or b"").decode().splitlines()
+        b = (ours[rel] or b"").decode().splitlines()
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False) \
+                .get_opcodes():
+            changed = a[i1:i2] + b[j1:j2]
+            if op == "equal" or any(re.search(rf"\b{name}\b", line) for line in changed
+                                    for name in flagged):
+                continue
+            if op == "delete" and definition_above(a, i1) in RENDERED_ONLY:
+                continue
+            unexplained.append((rel, op, definition_above(a, i1), changed[:3]))
+    assert not unexplained
+    graph = (base.llama_root / "src" / "llama-graph.cpp").read_text()
+    for name, why in RENDERED_ONLY.items():
+        if why == "not in 0.3.16":
+            assert name not in graph
+    hybrid = graph[graph.index("void llm_graph_input_mem_hybrid::set_input"):]
+    assert hybrid[:hybrid.index("\n}\n")].count("inp_attn->set_input(ubatch);") == 1
+
+
+# Where the rotation rendered on 0.3.17 (and 0.3.19) has hunks the 0.3.16 series has no
+# counterpart of, and why.
+RENDERED_ONLY = {
+    "llm_graph_input_mem_hybrid::set_input":
+        "0.3.16 delegates to inp_attn->set_input (which the series patches); the newer trees "
+        "set the KV inputs there themselves, so the template sets the matrices there too",
+    "llm_graph_input_mem_hybrid_iswa::set_input": "not in 0.3.16",
+    "llm_graph_context::build_inp_mem_hybrid_iswa": "not in 0.3.16",
+}
+
+
+def test_rotation_onto_upstreams_own_rotation_is_all_dropped(registry_tree):
+    series = rotation("0.3.16")
+    assert feature_of(series) is not None
+    done = rb.rebase(series, detect(registry_tree("0.3.20")),
+                     base=detect(registry_tree("0.3.16")))
+    assert {p.status for p in done.report.patches} == {rb.DROPPED}
+    assert all("upstream" in p.reason for p in done.report.patches)
+    assert not done.series.patches and not done.side_files
+
+
+# -- slow: the fork series, against the patches redone by hand ------------------------------
+
+
+def _expected() -> dict[str, dict[str, object]]:
+    return tomllib.loads((FORK_SERIES / "expected.toml").read_text())["patches"]
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_fork_series_carries_as_by_hand_or_says_so(registry_tree, tmp_path, version):
+    """Patch by patch, on the target with the earlier hand-made patches applied: what
+    portkit writes for a patch gives the tree the hand-made patch gives, or the patch is
+    reported needs-human or needs-review. And a patch written as by hand is written byte for
+    byte as git format-patch wrote the hand-made one."""
+    series = read_series(FORK_SERIES / "series")
+    target = detect(registry_tree(version))
+    done = rb.rebase(series, target, base=detect(registry_tree("0.3.16")),
+                     target_label=version)
+    hand = {p.name: p for p in read_series(FORK_SERIES / "expected" / version).patches}
+    ours = {p.name: p for p in done.series.patches}
+    expected = _expected()
+    paths = sorted(set(series.paths) | {r for p in hand.values() for r in p.paths}
+                   | set(done.series.paths))
+    state = read(target.llama_root, paths)
+    right, flagged, wrong = [], [], []
+    for n, row in enumerate(done.report.patches):
+        want = git_apply(state, [hand[row.file]], tmp_path / f"hand-{n}") \
+            if row.file in hand else state
+        got = git_apply(state, [ours[row.file]], tmp_path / f"ours-{n}") \
+            if row.file in ours else state
+        if got == want:
+            right.append(row.file)
+            if row.file in ours:
+                assert ours[row.file].data == hand[row.file].data, row.file
+        elif row.status in rb.ATTENTION:
+            flagged.append(row.file)
+        else:
+            wrong.append((row.file, row.status))
+        state = want
+    assert not wrong
+    # The statuses say what the hand-made expectations say.
+    for row in done.report.patches:
+        by_hand = expected[row.file][version]
+        assert isinstance(by_hand, dict)
+        if by_hand["rebase"] == "dropped":
+            assert row.status in (rb.DROPPED, rb.NEEDS_HUMAN), row.file
+        if by_hand["rebase"] == "needs-human":
+            assert row.status == rb.NEEDS_HUMAN, row.file
+        if by_hand.get("semantic_review"):
+            assert row.status == rb.NEEDS_REVIEW, row.file
+        if by_hand["rebase"] == "trimmed":
+            assert row.status in (rb.MERGED, rb.NEEDS_REVIEW) and "carried without it" \
+                in row.reason, row.file
+    assert len(right) == len(series.patches), (flagged, wrong)
+
+
+# -- offline: a fork moved onto a newer tree ------------------------------------------------
+
+LLAMA_RULES = """\
+# what the fork vendors of llama.cpp
+protect *.go
+include /include/
+include /include/*.h
+include /src/
+include /src/**
+exclude *
+"""
+GGML_RULES = "include /include/\ninclude /include/*.h\nexclude *\n"
+
+
+@pytest.fixture
+def fork_and_target(fixture_fork, fixture_git_tree):
+    """A fork of the fixture tree shaped like 0.3.16, with vendoring rules, a file of its own
+    (Go) among the vendored ones, and the fixture tree shaped like 0.3.17 as a repository."""
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    (llama / rb.FILTER).write_text(LLAMA_RULES)
+    (llama / "llama.go").write_text("package llama\n")
+    (fork.root / "ml" / "backend" / "ggml" / "ggml" / rb.FILTER).write_text(GGML_RULES)
+    commit_all(fork.root, "vendoring rules")
+    target = fixture_git_tree("renamed")
+    (target / "README.md").write_text("not vendored\n")
+    commit_all(target, "a file the rules leave out")
+    return fork, target
+
+
+def test_fork_moves_onto_the_target_in_one_go(fork_and_target, tmp_path):
+    fork, target_root = fork_and_target
+    target = detect(target_root)
+    move = rb.plan_fork(detect(fork.root), target)
+    assert [p.status for p in move.rebased.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    before = tree_bytes(fork.root)
+    plan = move.describe()
+    assert "write Makefile.sync" in plan and "delete llama/llama.cpp/src/llama-kv-cache-" \
+        "unified.cpp" in plan and tree_bytes(fork.root) == before  # a plan writes nothing
+    rb.move_fork(move)
+    after = tree_bytes(fork.root)
+    assert f"FETCH_HEAD={target.pin}" in after["Makefile.sync"].decode()
+    assert target.pin in after["llama/build-info.cpp"].decode()
+    # the vendored files: the target's under the rules, with the carried series applied
+    carried = git_apply(read(target_root, ["src/llama.cpp", "src/llama-graph.cpp"]),
+                        read_series(fork.root / "llama" / "patches").patches, tmp_path / "c")
+    vendored = {rel.removeprefix("llama/llama.cpp/"): data for rel, data in after.items()
+                if rel.startswith("llama/llama.cpp/")}
+    upstream = tree_bytes(target_root)
+    wanted = {rel: carried.get(rel) or data for rel, data in upstream.items()
+              if rel.startswith(("src/", "include/"))}
+    assert {rel: data for rel, data in vendored.items() if rel.startswith(("src/", "include/"))} \
+        == wanted
+    assert "README.md" not in vendored  # the rules leave it out
+    assert vendored["llama.go"] == b"package llama\n"  # protected, and not the target's
+    assert vendored[rb.FILTER] == LLAMA_RULES.encode()
+    ggml = {rel: data for rel, data in after.items() if rel.startswith("ml/backend/ggml/ggml/")}
+    assert ggml["ml/backend/ggml/ggml/include/ggml.h"] == upstream["ggml/include/ggml.h"]
+    # the series in llama/patches is the carried one
+    assert sorted(p.name for p in read_series(fork.root / "llama" / "patches").patches) \
+        == fork.own_patches
+    assert not (fork.root / ".portkit").exists()
+
+
+def test_a_fork_move_that_fails_halfway_writes_nothing(fork_and_target, monkeypatch):
+    fork, target_root = fork_and_target
+    move = rb.plan_fork(detect(fork.root), detect(target_root))
+    writes = [c for c in move.changes if isinstance(c, Write)]
+    assert len(writes) > 4
+    before = tree_bytes(fork.root)
+    real = TreeFiles.write
+    done: list[str] = []
+
+    def failing(self, rel, data, mode, owner):  # the fifth file cannot be written, once
+        done.append(rel)
+        if len(done) == 5:
+            raise OSError(28, "No space left on device")
+        real(self, rel, data, mode, owner)
+
+    monkeypatch.setattr(TreeFiles, "write", failing)
+    with pytest.raises(OSError, match="No space left"):
+        rb.move_fork(move)
+    assert done[:5] == [c.rel for c in writes[:5]]  # four written, then rolled back
+    assert tree_bytes(fork.root) == before
+    assert not (fork.root / ".portkit").exists()
+
+
+def test_a_fork_with_a_patch_that_needs_a_human_is_not_moved(fork_and_target):
+    fork, target_root = fork_and_target
+    graph = target_root / "src" / "llama-graph.cpp"
+    text = graph.read_text()
+    graph.write_text(text.replace("    inputs.emplace_back(std::move(input));\n"
+                                  "    return inputs.back().get();\n",
+                                  "    return store(inputs, std::move(input));\n"))
+    commit_all(target_root, "upstream rewrites the function the fork's patch changes")
+    move = rb.plan_fork(detect(fork.root), detect(target_root))
+    assert [p.status for p in move.blocked] == [rb.NEEDS_HUMAN]
+    assert "blocked: 1 patch(es) need a human" in move.describe()
+    before = tree_bytes(fork.root)
+    with pytest.raises(PortkitError, match="need a human"):
+        rb.move_fork(move)
+    assert tree_bytes(fork.root) == before
+
+
+def test_rsync_rules_as_rsync_reads_them(tmp_path):
+    rules_file = tmp_path / rb.FILTER
+    rules_file.write_text("# comment\nprotect *.go\n+ /src/\n+ /src/llama*.*\n- /src/*\n"
+                          "include models/***\nhide *.bin\nexclude *\n")
+    rules = rb.read_filter(rules_file)
+    assert rb.sent(rules, "src/llama.cpp") and rb.sent(rules, "src/llama-graph.h")
+    assert not rb.sent(rules, "src/unicode.cpp") and not rb.sent(rules, "README.md")
+    assert rb.sent(rules, "models/a/b.txt") and not rb.sent(rules, "docs/x.md")
+    assert not rb.deleted(rules, "x.go") and not rb.deleted(rules, "README.md")
+    assert rb.deleted(rules, "src/llama-old.cpp")
+    rules_file.write_text("merge other\n")
+    with pytest.raises(PortkitError, match="does not read the rsync rule"):
+        rb.read_filter(rules_file)
+
+
+def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
+    """A patch that applies cleanly and uses nothing drift tracks (a local variable), on a
+    target that renamed that variable: it is written, and --compile finds it broken."""
+    scale = ("int llama_scale(int x) {\n    int k = 4;\n    int r = x * k;\n\n    // scale\n"
+             "    r = r * 2;\n    r = r + 1;\n    return r;\n}\n")
+    base_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + scale}
+    target_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + scale.replace(
+        "int k = 4;", "int factor = 4;").replace("x * k;", "x * factor;")}
+    base, target, folder = project(tmp_path, base_files, target_files, [
+        ("scale: count twice", {"src/llama.cpp": ("    r = r * 2;\n",
+                                                  "    r = r * 2;\n    r += k;\n")}),
+        ("sum: say that the sum is checked", SERIES[0][1])])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    assert [p.status for p in done.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    checked = rb.compile_check(done, detect(target))
+    scale_row, sum_row = checked.report.patches
+    assert scale_row.status == rb.NEEDS_REVIEW and scale_row.output == done.series.patches[0].name
+    assert re.match(r"it does not compile: src/llama.cpp:\d+: .*\bk\b.*not declared",
+                    scale_row.reason)
+    assert sum_row == done.report.patches[1]
+    assert checked.series == done.series
+
+
+def test_a_hunk_gnu_patch_finds_in_the_wrong_function_is_not_written_there(tmp_path):
+    """Upstream added a function whose body reads like the one the patch changes, right
+    where that one was, and reworded a line of the latter: GNU patch finds the patch's
+    context whole at its very line, in the newcomer, which is not where it belongs."""
+    first = ("int llama_first(int x) {\n    int a = x;\n    a = a + 1;\n    a = a * 2;\n"
+             "    a = a - 3;\n    return a;\n}\n")
+    base_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + first}
+    target_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + first.replace(
+        "llama_first", "llama_zero") + "\n" + first.replace("a + 1;", "a + 10;")}
+    base, target, folder = project(tmp_path, base_files, target_files, [
+        ("first: divide", {"src/llama.cpp": ("    a = a * 2;\n", "    a = a * 2;\n"
+                                                               "    a = a / 5;\n")})])
+    with apply_hunks(read_series(folder), target) as gnu:
+        assert gnu.patches[0].hunks[0].status == "clean"  # GNU patch would take it
+        assert "llama_zero(int x) {\n    int a = x;\n    a = a + 1;\n    a = a * 2;\n" \
+            "    a = a / 5;" in (gnu.files["src/llama.cpp"] or b"").decode()
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    # Neither GNU patch, nor git's 3-way merge (which aligns the base's function with the
+    # newcomer too), nor drift's relocation (GNU patch again) can put it in llama_first.
+    assert row.status == rb.NEEDS_HUMAN and not done.series.patches
+    assert "GNU patch finds its context at its line, line" in row.reason
+    assert "but it belongs in llama_first (src/llama.cpp:" in row.reason
+
+
+def test_a_quilt_series_stays_a_quilt_series(small, tmp_path):
+    base, target, folder = small
+    quilt = tmp_path / "quilt"
+    quilt.mkdir()
+    originals = read_series(folder).patches
+    for patch in originals:
+        (quilt / patch.name).write_text(f"Description: {patch.subject}\n\n{patch.diff}")
+    (quilt / "series").write_text("".join(p.name + "\n" for p in originals))
+    series = read_series(quilt)
+    assert series.kind == "quilt"
+    done = rb.rebase(series, detect(target), base=detect(base))
+    kept = [p.file for p in done.report.patches if p.output]
+    assert done.files()["series"].decode() == "".join(name + "\n" for name in kept)
+    for patch in done.series.patches:
+        assert patch.header == f"Description: {patch.subject}\n\n" and not patch.is_mail
+
+
+def test_files_the_series_creates_and_deletes(tmp_path):
+    extra = "int llama_extra(void) {\n    return 7;\n}\n"
+    base_files = {**BASE, "src/extra.cpp": extra}
+    target_files = {**TARGET, "src/extra.cpp": extra}
+    base, target, folder = project(tmp_path, base_files, target_files, [])
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("fork: its own file", {"src/fork.cpp": b"int fork(void) {\n    return 1;\n}\n"})
+    repo.commit("fork: no extra", {"src/extra.cpp": None})
+    shutil.rmtree(folder)
+    repo.format_patch(folder, *OLLAMA_OPTIONS)
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    assert [p.status for p in done.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    created, deleted = done.series.patches
+    assert created.files[0].status == "created" and created.files[0].header("new file mode")
+    assert deleted.files[0].status == "deleted" and deleted.files[0].header("deleted file mode")
+    after = git_apply(read(target, ["src/fork.cpp", "src/extra.cpp"]), done.series.patches,
+                      tmp_path / "applied")
+    assert after == {"src/fork.cpp": b"int fork(void) {\n    return 1;\n}\n",
+                     "src/extra.cpp": None}
