@@ -1,7 +1,7 @@
 """Prompt and generation speed with the rotation on vs off, q8_0/q8_0 cache, both models.
 
-    .venv/bin/python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20] [--rounds 9]
-                                           [--threads 1]
+    .venv/bin/python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20]
+                                                     [--rounds 9] [--threads 1]
 
 Runs llama-bench on the patched build of `portkit validate`'s workspace and, side by side,
 on upstream's own rotation (the reference tree, built on first use): each with

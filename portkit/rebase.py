@@ -60,6 +60,7 @@ from portkit.series import (
     Hunk,
     Patch,
     Series,
+    git_diff,
     parse_patch,
     quote_path,
     read_series,
@@ -248,36 +249,6 @@ def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
     done = git(["apply", f"-p{strip}", "--whitespace=nowarn", room / "apply.patch"],
                cwd=root, check=False, ceiling=root)
     return done.returncode == 0
-
-
-def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
-             abbrev: int = 7, prefix: bool = True, renames: bool = False) -> str:
-    """The diff from `before` to `after` (files by path; None: absent) as git writes it:
-    `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
-    function headings in the @@ lines."""
-    with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
-        root = Path(tmp)
-        for side, files in (("a", before), ("b", after)):
-            (root / side).mkdir()
-            for rel, data in files.items():
-                if data is not None:
-                    (root / side / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (root / side / rel).write_bytes(data)
-        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
-                f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
-                "-M" if renames else "--no-renames", "a", "b"]
-        done = git(args, cwd=root, check=False, ceiling=root)
-        if done.returncode not in (0, 1):
-            raise PortkitError(f"git diff failed: {done.stderr.strip()}")
-    text = done.stdout
-    # Run on two folders named a and b, git names a created file b/x on both sides of the
-    # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
-    text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
-                  flags=re.M)
-    if not prefix:
-        text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
-        text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)
-    return text
 
 
 def _style(series: Series) -> tuple[int, bool]:

@@ -100,9 +100,9 @@ class Rendered:
         patches = []
         for i, o in enumerate(self.patches):
             assert o.mail is not None
-            diff = o.mail.diff if conventions.style == "portkit" else "".join(
-                git_diff(rel, before, after, abbrev=conventions.abbrev)
-                for rel, before, after in o.changes)
+            diff = o.mail.diff if conventions.style == "portkit" else git_diff(
+                {rel: before for rel, before, _ in o.changes},
+                {rel: after for rel, _, after in o.changes}, abbrev=conventions.abbrev)
             patches.append(new_patch(conventions, subject=o.spec.subject, body=o.mail.body,
                                      author=o.mail.author, date=o.mail.date, diff=diff,
                                      number=first + i, total=total))

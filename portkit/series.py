@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import re
 import tempfile
 import unicodedata
@@ -932,30 +931,34 @@ class MailPatch:
 _INDEX_LINE = re.compile(r"([0-9a-f]{4,40})\.\.[0-9a-f]{4,40}")
 
 
-def git_diff(path: str, before: bytes | None, after: bytes | None, *, abbrev: int = 7) -> str:
-    """The diff of one file as `git diff` writes it (`index` line with blob ids, the enclosing
-    function after each @@), from git itself: `git diff --no-index` of the two versions,
-    sealed from the user's configuration. None: the file does not exist on that side."""
+def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
+             abbrev: int = 7, prefix: bool = True, renames: bool = False) -> str:
+    """The diff from `before` to `after` (files by path; None: absent) as git writes it:
+    `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
+    function headings in the @@ lines."""
     with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
-        sides = []
-        for side, data in (("a", before), ("b", after)):
-            file = Path(tmp) / side / path
-            if data is not None:
-                file.parent.mkdir(parents=True, exist_ok=True)
-                file.write_bytes(data)
-            sides.append(f"{side}/{path}" if data is not None else os.devnull)
-        proc = git(["diff", "--no-index", "--no-color", "--no-ext-diff", "--no-renames",
-                    f"--abbrev={abbrev}", "--", *sides], cwd=Path(tmp), check=False,
-                   ceiling=Path(tmp))
-    if proc.returncode not in (0, 1):
-        raise PortkitError(f"git diff failed on {path}: {proc.stderr.strip()}")
-    # git names the sides after the folders they were in: a/a/<path>, b/b/<path> (and a/b/,
-    # b/a/ for a file created or deleted)
-    out = proc.stdout
-    for wrong, right in ((f"a/a/{path}", f"a/{path}"), (f"b/b/{path}", f"b/{path}"),
-                         (f"a/b/{path}", f"a/{path}"), (f"b/a/{path}", f"b/{path}")):
-        out = out.replace(wrong, right)
-    return out
+        root = Path(tmp)
+        for side, files in (("a", before), ("b", after)):
+            (root / side).mkdir()
+            for rel, data in files.items():
+                if data is not None:
+                    (root / side / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (root / side / rel).write_bytes(data)
+        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
+                f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
+                "-M" if renames else "--no-renames", "a", "b"]
+        done = git(args, cwd=root, check=False, ceiling=root)
+        if done.returncode not in (0, 1):
+            raise PortkitError(f"git diff failed: {done.stderr.strip()}")
+    text = done.stdout
+    # Run on two folders named a and b, git names a created file b/x on both sides of the
+    # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
+    text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
+                  flags=re.M)
+    if not prefix:
+        text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
+        text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)
+    return text
 
 
 def unified_diff(path: str, before: bytes, after: bytes) -> str:
