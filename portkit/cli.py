@@ -12,6 +12,7 @@ from portkit.commands.anchors import anchors_cmd
 from portkit.commands.apply import apply_cmd
 from portkit.commands.common import exit_for, signals_interrupt
 from portkit.commands.drift import drift_cmd
+from portkit.commands.rebase import rebase_cmd
 from portkit.commands.recover import recover_cmd
 from portkit.commands.render import render_cmd
 from portkit.commands.tree import tree
@@ -33,7 +34,8 @@ def cli() -> None:
     """
 
 
-for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, drift_cmd, recover_cmd):
+for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, drift_cmd, rebase_cmd,
+                recover_cmd):
     cli.add_command(command)
 
 

@@ -91,3 +91,28 @@ def test_paths_in_a_saved_series_are_taken_as_given(tmp_path: Path):
     result = invoke("apply", "--force", "--tree", str(root), "--series", str(series))
     assert result.exit_code != 0 and result.stderr.count("\n") == 1
     assert not (tmp_path / "outside.txt").exists()
+
+
+def test_rebase_writes_the_carried_series_and_reports_every_patch(fixture_tree, tmp_path):
+    old = fixture_tree("old")
+    series = tmp_path / "series"
+    write_series(render(detect(old), "kv-rotation"), series)
+    source = {p.name: p.read_bytes() for p in series.iterdir()}
+    out = tmp_path / "carried"
+    result = invoke("rebase", "--series", str(series), "--base", str(old), "--onto",
+                    str(fixture_tree("renamed")), "--out", str(out), "--format", "json")
+    assert result.exit_code in (0, 20), result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "portkit-rebase/1"
+    assert [p["file"] for p in report["patches"]] == sorted(source)
+    written = {p["output"] for p in report["patches"] if p["output"]}
+    assert written == {p.name for p in out.glob("*.patch")}
+    assert result.exit_code == (20 if any(p["status"] in ("needs-human", "needs-review")
+                                          for p in report["patches"]) else 0)
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == source  # never modified
+
+
+def test_rebase_of_a_series_needs_its_base_and_an_out_folder(fixture_tree, tmp_path):
+    result = invoke("rebase", "--series", str(tmp_path), "--onto", str(fixture_tree("renamed")))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("portkit: with --series, give --out DIR")
