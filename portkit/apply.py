@@ -218,29 +218,30 @@ def _enclosing_repository(path: Path) -> bool:
     return any((folder / ".git").exists() for folder in (path, *path.parents))
 
 
-def _refuse_dirty(tree: Tree, files: list[str]) -> None:
-    """Refuse files with uncommitted changes in the repository holding the tree. The check
+def refuse_uncommitted(root: Path, files: list[str]) -> None:
+    """Refuse `files` (relative to `root`) with uncommitted changes in the repository holding
+    `root`. The check
     only reads: git takes no lock on the index and does not refresh it, and files whose
     bytes are those of the index are known clean without `git status` (which could run a
     clean filter or a file-system monitor that the repository's configuration names)."""
-    if not _enclosing_repository(tree.llama_root):
+    if not files or not _enclosing_repository(root):
         return
-    listed = git(["ls-files", "--stage", "-z", "--", *files], cwd=tree.llama_root, check=False)
+    listed = git(["ls-files", "--stage", "-z", "--", *files], cwd=root, check=False)
     if listed.returncode != 0:
         if "not a git repository" in listed.stderr:
             return  # a stray .git (a submodule link whose repository was not shipped)
-        raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
+        raise TreeError(f"cannot tell whether {root} has uncommitted changes: "
                         f"git ls-files failed: {last_line(listed)}")
     staged = {entry.split("\t", 1)[1]: entry.split()[1]
               for entry in listed.stdout.split("\0") if "\t" in entry}
-    if sorted(staged) == sorted(files) and all((tree.llama_root / f).is_file() for f in files):
-        hashed = git(["hash-object", "--no-filters", "--", *files], cwd=tree.llama_root)
+    if sorted(staged) == sorted(files) and all((root / f).is_file() for f in files):
+        hashed = git(["hash-object", "--no-filters", "--", *files], cwd=root)
         if hashed.stdout.split() == [staged[f] for f in files]:
             return
     status = git(["status", "--porcelain", "--untracked-files=all", "--", *files],
-                 cwd=tree.llama_root, check=False)
+                 cwd=root, check=False)
     if status.returncode != 0:
-        raise TreeError(f"cannot tell whether {tree.llama_root} has uncommitted changes: "
+        raise TreeError(f"cannot tell whether {root} has uncommitted changes: "
                         f"git status failed: {last_line(status)}")
     dirty = status.stdout.splitlines()
     if dirty:
@@ -385,7 +386,7 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
     mails = [(p.name, p.text) for p in series.patches]
     if dry_run:
         return Outcome(DRY_RUN, mails, files, rendered=rendered)
-    _refuse_dirty(tree, files)
+    refuse_uncommitted(tree.llama_root, files)
     copies = [tree.series_dir / p.name for p in series.patches] \
         if tree.series_dir and _is_fork(tree) else []
     _refuse_unwritable([tree.llama_root / f for f in files] + copies)

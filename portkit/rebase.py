@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from portkit import drift_model as dm
+from portkit.apply import refuse_uncommitted
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
-from portkit.errors import PortkitError, TreeError, UsageError
+from portkit.errors import PortkitError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.proc import git, run
 from portkit.series import (
@@ -952,28 +953,12 @@ def move_fork(move: ForkMove) -> str | None:
         raise PortkitError(f"{len(move.blocked)} patch(es) need a human "
                            f"({', '.join(p.file for p in move.blocked)}): the fork is not moved")
     root = move.fork.root
-    _refuse_uncommitted(root, [c.rel for c in move.changes])
+    refuse_uncommitted(root, [c.rel for c in move.changes])
     with tree_lock(root):
         said = settle(root, writer=True)
         with transaction(root, f"rebase onto {move.pin[:12]}", move.changes):
             checkpoint("rebase:written")
     return said
-
-
-def _refuse_uncommitted(root: Path, rels: list[str]) -> None:
-    """Refuse to overwrite changes not committed in the fork's repository."""
-    if not (root / ".git").exists() or not rels:
-        return
-    status = git(["status", "--porcelain", "--untracked-files=all", "--", *rels], cwd=root,
-                 check=False)
-    if status.returncode != 0:
-        raise TreeError(f"cannot tell whether {root} has uncommitted changes: "
-                        f"{status.stderr.strip()}")
-    dirty = status.stdout.splitlines()
-    if dirty:
-        raise TreeError(f"uncommitted changes in {dirty[0][3:]}"
-                        + (f" and {len(dirty) - 1} more" if len(dirty) > 1 else "")
-                        + "; commit or stash them first")
 
 
 # -- --compile: what the carried series does to the build -------------------------------------
