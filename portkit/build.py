@@ -204,20 +204,30 @@ def _stamp(options: list[str], project: str) -> str:
     return "\n".join([*options, hashlib.sha256(project.encode()).hexdigest()])
 
 
+def _harness_copy(folder: Path, harness: Path | None) -> Path | None:
+    """Where the build compiles the harness from: a copy in its project folder, so that the
+    binary is the same wherever the feature's templates are (the path is in its symbols)."""
+    return None if harness is None else folder / "project" / harness.name
+
+
 def configure(sources: Sources, folder: Path, harness: Path | None = None, *,
               tools: bool = False) -> bool:
     """Write portkit's CMake project for `sources` into `folder` and configure it (once per
     project text and set of options). Whether it configured anything."""
     _check_tools()
     _check_subset(sources)
+    project = folder / "project"
+    project.mkdir(parents=True, exist_ok=True)
+    copy = _harness_copy(folder, harness)
+    if harness is not None and copy is not None and (
+            not copy.is_file() or copy.read_bytes() != harness.read_bytes()):
+        shutil.copyfile(harness, copy)
     options = _options(tools)
-    text = project_text(sources, harness)
+    text = project_text(sources, copy)
     stamp = folder / "portkit-options"
     wanted = _stamp(options, text)
     if (folder / "build.ninja").is_file() and stamp.is_file() and stamp.read_text() == wanted:
         return False
-    project = folder / "project"
-    project.mkdir(parents=True, exist_ok=True)
     # a folder configured from another source folder (an older portkit configured the tree's
     # own project there) is refused by CMake: start it afresh
     (folder / "CMakeCache.txt").unlink(missing_ok=True)
@@ -273,9 +283,11 @@ def pending_steps(sources: Sources, folder: Path, harness: Path, *,
     """How many steps building the harness (and `tools`) in `folder` takes: 0 when it is up
     to date, None when the folder is not configured yet (a full build)."""
     stamp = folder / "portkit-options"
-    wanted = _stamp(_options(bool(tools)), project_text(sources, harness))
+    copy = _harness_copy(folder, harness)
+    wanted = _stamp(_options(bool(tools)), project_text(sources, copy))
     if not (folder / "build.ninja").is_file() or not stamp.is_file() \
-            or stamp.read_text() != wanted:
+            or stamp.read_text() != wanted or copy is None or not copy.is_file() \
+            or copy.read_bytes() != harness.read_bytes():
         return None
     proc = run(["ninja", "-n", "-C", folder, harness_binary(harness), *tools], check=False,
                env=_ccache_env(sources))

@@ -128,20 +128,24 @@ class Report:
 
 
 def _kld_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Rows of {model, config, and per column a (KLD, top-1) pair or None}."""
+    """Rows of {model, config, and per column a (KLD, top-1) pair or None}, a block per
+    model."""
     columns = [k for k in rows[0] if k not in ("model", "config")]
-    lines = [f"{'model':<20} {'K/V cache':<10} " + " ".join(f"{c:<18}" for c in columns),
-             "KLD / top-1 % against the f16-cache logits:"]
-    lines[0], lines[1] = lines[1], lines[0]
-    for row in rows:
-        cells = [f"{row[c][0]:.6f} {row[c][1]:>7.3f}" if row[c] else "-" for c in columns]
-        lines.append(f"{row['model'][:20]:<20} {row['config']:<10} "
-                     + " ".join(f"{cell:<18}" for cell in cells))
+    lines: list[str] = []
+    for model in dict.fromkeys(row["model"] for row in rows):
+        lines += [f"{model}: KLD and top-1 % against the f16-cache logits",
+                  f"  {'K/V cache':<10}" + "".join(f" {c:<16}" for c in columns)]
+        for row in rows:
+            if row["model"] == model:
+                cells = [f"{row[c][0]:.6f} {row[c][1]:>7.3f}" if row[c] else "-"
+                         for c in columns]
+                lines.append(f"  {row['config']:<10}" + "".join(f" {c:<16}" for c in cells))
     return lines
 
 
 # -- progress --------------------------------------------------------------------------------
 
+COLD_BUILD_STEPS = 175  # ninja steps of a build from nothing, near enough for an estimate
 # First guesses of how long a step takes (seconds), replaced by what this machine measured.
 _GUESS = {"build-step": 1.5, "base": 25.0, "kld": 25.0, "shift": 8.0, "state": 12.0}
 
@@ -156,16 +160,16 @@ class Progress:
         except (OSError, ValueError):
             self.timings = {}
         self.done = 0
-        self.total = 0
-        self.left = 0.0
+        self.ahead: list[tuple[str, str, float]] = []  # (kind, model, units) of steps to come
 
     def say(self, message: str) -> None:
         sys.stderr.write(f"portkit validate: {message}\n")
         sys.stderr.flush()
 
-    def guess(self, kind: str, model: str = "") -> float:
+    def guess(self, kind: str, model: str = "", units: float = 1.0) -> float:
         key = f"{kind}:{model}" if model else kind
-        return self.timings.get(key, _GUESS[kind] * (2.5 if model and "qwen" in model else 1.0))
+        return units * self.timings.get(
+            key, _GUESS[kind] * (2.5 if model and "qwen" in model else 1.0))
 
     def learn(self, kind: str, model: str, seconds: float) -> None:
         key = f"{kind}:{model}" if model else kind
@@ -174,16 +178,21 @@ class Progress:
         with contextlib.suppress(OSError):  # estimates are a nicety
             self.file.write_text(json.dumps(self.timings, indent=1))
 
-    def plan(self, steps: int, seconds: float, what: str) -> None:
-        self.total, self.left = self.done + steps, seconds
-        if steps:
-            self.say(f"{what}: {steps} step(s), about {_minutes(seconds)}")
+    def left(self) -> float:
+        return sum(self.guess(kind, model, units) for kind, model, units in self.ahead)
 
-    def step(self, message: str, expected: float) -> None:
+    def plan(self, steps: list[tuple[str, str, float]], what: str) -> None:
+        """Announce the steps to come: (kind, model, units) each, for the estimate."""
+        self.ahead = list(steps)
+        if steps:
+            self.say(f"{what}: {len(steps)} step(s), about {_minutes(self.left())}")
+
+    def step(self, message: str) -> None:
+        """The next planned step begins (one that was not planned is numbered too)."""
         self.done += 1
-        self.total = max(self.total, self.done)
-        self.say(f"[{self.done}/{self.total}] {message} (about {_minutes(self.left)} left)")
-        self.left = max(0.0, self.left - expected)
+        total = self.done + max(0, len(self.ahead) - 1)
+        self.say(f"[{self.done}/{total}] {message} (about {_minutes(self.left())} left)")
+        self.ahead = self.ahead[1:]
 
 
 def _minutes(seconds: float) -> str:
@@ -433,8 +442,9 @@ def _slug(model: str) -> str:
 
 
 class Runner:
-    """Builds the variants and runs the harness on them, each run once per build (a run's
-    log is kept while it is newer than the harness binary and the base it compares with).
+    """Builds the variants and runs the harness on them, each run once per build: a run's
+    log names the build it ran on and the build of the base it compared with (fingerprints
+    of their harness and libraries), and is kept while both are still what they were.
 
     Planning first: with `planning` set, a run is recorded instead of made and answers
     placeholders, so that a feature's checks, run once that way, tell every run they need;
@@ -448,6 +458,7 @@ class Runner:
         self.planning = False
         self.planned: list[Run] = []
         self.built: set[str] = set()
+        self.prints: dict[str, str | None] = {}
 
     # the checks' side
 
@@ -471,8 +482,13 @@ class Runner:
                 self.planned.append(spec)
             return Result(_PLACEHOLDER, Path(os.devnull))
         if self._stale(spec):
-            self._make(spec, None)
+            self._make(spec)
         return self._read(spec)
+
+    def _lock(self, spec: Run) -> contextlib.AbstractContextManager[Path]:
+        """One process at a time makes a given run (another then finds it made)."""
+        return exclusive(f"run-{self.variants[spec.variant].key}-{self._name(spec)}",
+                         f"the run {self._name(spec)}")
 
     # files
 
@@ -490,22 +506,41 @@ class Runner:
     def base_file(self, variant: str, model: str) -> Path:
         return self.variants[variant].runs / f"base-{_slug(model)}.base"
 
+    def fingerprint(self, variant: str) -> str | None:
+        """What a variant's runs depend on: its harness binary and libraries (None: not
+        built yet)."""
+        if variant not in self.prints:
+            bin_dir = self.binary(variant).parent
+            files = sorted(p for p in bin_dir.glob("*") if p.is_file() and not p.is_symlink()
+                           and (p.name.startswith("lib") or p == self.binary(variant)))
+            if not self.binary(variant).is_file():
+                return None
+            digest = hashlib.sha256()
+            for path in files:
+                digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes())
+                              .digest())
+            self.prints[variant] = digest.hexdigest()[:16]
+        return self.prints[variant]
+
+    def _header(self, spec: Run) -> str:
+        base = self.fingerprint(spec.base) if spec.base else "-"
+        return f"# build {self.fingerprint(spec.variant)} base {base}\n"
+
     def _stale(self, spec: Run) -> bool:
-        log, binary = self.log(spec), self.binary(spec.variant)
-        if not log.is_file() or not binary.is_file() \
-                or log.stat().st_mtime <= binary.stat().st_mtime:
+        log = self.log(spec)
+        if not log.is_file() or self.fingerprint(spec.variant) is None:
             return True
+        with log.open(errors="replace") as fh:
+            if fh.readline() != self._header(spec):
+                return True
         if spec.mode == "base":
             return not self.base_file(spec.variant, spec.model).is_file()
-        if spec.base is not None:
-            base = self.base_file(spec.base, spec.model)
-            return not base.is_file() or log.stat().st_mtime <= base.stat().st_mtime
-        return False
+        return spec.base is not None and not self.base_file(spec.base, spec.model).is_file()
 
     def _read(self, spec: Run) -> Result:
         text = self.log(spec).read_text(errors="replace")
         values = dict(line.split("=", 1) for line in text.split("\n--- harness log ---\n")[0]
-                      .split() if "=" in line)
+                      .split("\n")[1:] if "=" in line)
         return Result(values, self.log(spec))
 
     # making them
@@ -514,25 +549,33 @@ class Runner:
         if variant in self.built:
             return
         v = self.variants[variant]
-        build_harness(v.sources, v.build, self.harness_source, v.label,
-                      say=(lambda _: None) if quiet else self.progress.say)
+        with exclusive(f"build-{v.key}", f"building {v.label}"):
+            build_harness(v.sources, v.build, self.harness_source, v.label,
+                          say=(lambda _: None) if quiet else self.progress.say)
         self.built.add(variant)
+        self.prints.pop(variant, None)
 
-    def _make(self, spec: Run, expected: float | None) -> None:
+    def _make(self, spec: Run, *, planned: bool = False) -> None:
         if spec.base is not None and self._stale(Run(spec.base, "base", spec.model, "f16/f16")):
-            self._make(Run(spec.base, "base", spec.model, "f16/f16"), None)
+            self._make(Run(spec.base, "base", spec.model, "f16/f16"))
         self.build(spec.variant)
+        with self._lock(spec):
+            if self._stale(spec):
+                self._run(spec, planned)
+
+    def _run(self, spec: Run, planned: bool) -> None:
         v = self.variants[spec.variant]
         what = f"{v.label}: {spec.mode} {_slug(spec.model)} {spec.config}" + (
             " LLAMA_ATTN_ROT_DISABLE=1" if spec.disable else "")
-        if expected is None:
-            self.progress.say(what)
+        if planned:
+            self.progress.step(what)
         else:
-            self.progress.step(what, expected)
+            self.progress.say(what)
         args: list[str | Path] = [self.binary(spec.variant), spec.mode, model_path(spec.model),
                                   TEXT, *spec.config.split("/")]
-        if spec.mode == "base":
-            args.append(self.base_file(spec.variant, spec.model))
+        written = self.base_file(spec.variant, spec.model).with_suffix(".partial")
+        if spec.mode == "base":  # renamed into place when complete: a reader keeps the old
+            args.append(written)
         elif spec.base is not None:
             args.append(self.base_file(spec.base, spec.model))
         env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if spec.disable else "0"}
@@ -540,11 +583,14 @@ class Runner:
         proc = run(args, env=env, cwd=v.runs, check=False)
         log = self.log(spec)
         partial = log.with_suffix(".partial")
-        partial.write_text(proc.stdout + "\n--- harness log ---\n" + proc.stderr)
+        partial.write_text(self._header(spec) + proc.stdout + "\n--- harness log ---\n"
+                           + proc.stderr)
         if proc.returncode != 0:
             raise PortkitError(f"the harness failed ({v.label}, {spec.mode} {spec.config}): "
                                f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]} "
                                f"(log: {partial})")
+        if spec.mode == "base":
+            written.replace(self.base_file(spec.variant, spec.model))
         partial.replace(log)
         self.progress.learn(spec.mode, _slug(spec.model), time.monotonic() - started)
 
@@ -555,26 +601,20 @@ class Runner:
         pending = {v: pending_steps(self.variants[v].sources, self.variants[v].build,
                                     self.harness_source) for v in used}
         builds = [v for v in used if pending[v] != 0]
-        cold = 180  # steps of a build from nothing, near enough for an estimate
         runs = [s for s in self.planned if s.variant in builds or self._stale(s)]
-        seconds = sum((pending[v] or cold) * self.progress.guess("build-step") for v in builds)
-        seconds += sum(self.progress.guess(s.mode, _slug(s.model)) for s in runs)
-        self.progress.plan(len(builds) + len(runs), seconds,
+        self.progress.plan([("build-step", "", pending[v] or COLD_BUILD_STEPS) for v in builds]
+                           + [(s.mode, _slug(s.model), 1.0) for s in runs],
                            f"{len(builds)} build(s) and {len(runs)} run(s) to do")
         for v in builds:
-            expected = (pending[v] or cold) * self.progress.guess("build-step")
+            steps = pending[v] or COLD_BUILD_STEPS
             self.progress.step(f"building {self.variants[v].label}"
-                               + (f" ({pending[v]} steps)" if pending[v] else ""), expected)
+                               + (f" ({pending[v]} steps)" if pending[v] else ""))
             started = time.monotonic()
             self.build(v, quiet=True)
-            steps = pending_steps(self.variants[v].sources, self.variants[v].build,
-                                  self.harness_source)
-            if steps == 0 and (pending[v] or cold):
-                self.progress.learn("build-step", "", (time.monotonic() - started)
-                                    / (pending[v] or cold))
+            self.progress.learn("build-step", "", (time.monotonic() - started) / steps)
         for spec in self.planned:
             if self._stale(spec):
-                self._make(spec, self.progress.guess(spec.mode, _slug(spec.model)))
+                self._make(spec, planned=True)
 
 
 def speed(variant: Variant, harness: Path, model: str, config: str, *, disable: bool,
