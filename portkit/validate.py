@@ -133,13 +133,14 @@ def _kld_table(rows: list[dict[str, Any]]) -> list[str]:
     columns = [k for k in rows[0] if k not in ("model", "config")]
     lines: list[str] = []
     for model in dict.fromkeys(row["model"] for row in rows):
-        lines += [f"{model}: KLD and top-1 % against the f16-cache logits",
-                  f"  {'K/V cache':<10}" + "".join(f" {c:<16}" for c in columns)]
+        lines += [f"{model}: KLD, top-1 % against the base (f16-cache logits)",
+                  (f"  {'K/V cache':<10}" + "".join(f" {c:<17}" for c in columns)).rstrip()]
         for row in rows:
             if row["model"] == model:
-                cells = [f"{row[c][0]:.6f} {row[c][1]:>7.3f}" if row[c] else "-"
+                cells = [f"{row[c][0]:9.6f} {row[c][1]:7.3f}" if row[c] else "-"
                          for c in columns]
-                lines.append(f"  {row['config']:<10}" + "".join(f" {c:<16}" for c in cells))
+                lines.append((f"  {row['config']:<10}" + "".join(f" {c:<17}" for c in cells))
+                             .rstrip())
     return lines
 
 
