@@ -334,9 +334,9 @@ def compile_units(tree: Tree, files: list[str]) -> CompileResult:
             raise PortkitError(f"{unit} is not compiled by the tree's CMake project")
         targets.append(entry.get("output") or _output_of(entry["command"]))
     if sources.has_project:
-        ninja(sources, folder, targets, "compile")
+        ninja(sources, folder, targets, "the touched units")
         return CompileResult(units, f"the tree's CMake project ({folder})")
-    ninja(sources, folder, [*targets, LIBRARY], "compile")
+    ninja(sources, folder, [*targets, LIBRARY], "libllama with the touched units")
     return CompileResult(units, f"portkit's CMake project for the vendored subset, libllama and "
                                 f"ggml compiled and linked ({folder})")
 

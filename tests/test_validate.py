@@ -17,7 +17,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from portkit import validate as validate_mod
-from portkit.build import build_harness
+from portkit.build import Sources, build_harness, project_text
 from portkit.checks import kv_rotation
 from portkit.cli import cli
 from portkit.features import Feature
@@ -202,3 +202,34 @@ def test_the_summary_fits_a_screen_and_markdown_keeps_every_explanation():
     assert report.text().endswith(report.summary())
     markdown = report.markdown()
     assert b.detail in markdown and "keep it the same" in markdown
+
+
+# -- portkit's CMake project ---------------------------------------------------------------
+
+
+def test_a_vendored_subset_gets_portkits_own_project_and_a_whole_tree_its_own(tmp_path):
+    llama, ggml = tmp_path / "llama" / "llama.cpp", tmp_path / "ml" / "ggml"
+    for path in ("src/llama.cpp", "src/llama-graph.cpp", "src/models/qwen2.cpp",
+                 "include/llama.h"):
+        (llama / path).parent.mkdir(parents=True, exist_ok=True)
+        (llama / path).write_text("// llama_flash_attn_type flash_attn_type\n")
+    for path in ("src/CMakeLists.txt", "include/ggml.h"):
+        (ggml / path).parent.mkdir(parents=True, exist_ok=True)
+        (ggml / path).write_text("\n")
+    harness = tmp_path / "build" / "project" / "rotation_checks.cpp"
+    subset = Sources(llama, ggml)
+    assert not subset.has_project
+    text = project_text(subset, harness)
+    assert f'add_subdirectory("{ggml}/src" ggml)' in text
+    units = re.findall(r'^    "(.+)"$', text, re.M)
+    assert units == [str(llama / "src" / u) for u in ("llama-graph.cpp", "llama.cpp",
+                                                       "models/qwen2.cpp")]
+    assert "set(GGML_CPU ON)" in text and "set(GGML_NATIVE ON)" in text
+    assert "GGML_CUDA" not in text and "PORTKIT_FLASH_ATTN_BOOL" not in text
+    assert f'add_executable(portkit-rotation-checks "{harness}")' in text
+    (llama / "CMakeLists.txt").write_text("\n")
+    (llama / "ggml" / "src").mkdir(parents=True)
+    (llama / "ggml" / "CMakeLists.txt").write_text("\n")
+    whole = Sources(llama, llama / "ggml")
+    assert whole.has_project
+    assert f'add_subdirectory("{llama}" llama.cpp)' in project_text(whole, harness)
