@@ -119,6 +119,14 @@ def test_quick_validation_proves_the_port_on_0_3_17(registry_tree):
     for check in report["checks"]:
         if check["detail"]:
             assert check["detail"] in again.stdout
+    # the harness's speed run, as llama-bench's pp and tg
+    feature = Feature.load("kv-rotation")
+    patched = validate_mod.prepare_variants(detect(registry_tree("0.3.17")), feature,
+                                            None)["patched"]
+    speed = validate_mod.speed(patched, feature.harness(), "smollm2", "q8_0/q8_0",
+                               disable=False, threads=2, n_prompt=128, n_gen=16)
+    assert speed["pp"] == 128 and speed["tg"] == 16
+    assert speed["pp.ts"] > speed["tg.ts"] > 0
 
 
 # -- the verdicts, on figures given by hand -------------------------------------------------
