@@ -262,7 +262,7 @@ int n_seq_side_by_side() {
 }
 
 // Evaluate `n_chunk` chunks of `tokens`, n_seq_side_by_side() at a time; for every scored
-// token call score(logits row, the token that follows, index of the scored token).
+// token, in order, call score(its row of logits, the token that follows it).
 template <class Score>
 void for_each_scored(const Setup & s, const std::vector<llama_token> & tokens, int n_chunk,
                      Score score) {
@@ -274,7 +274,6 @@ void for_each_scored(const Setup & s, const std::vector<llama_token> & tokens, i
     const int first = CHUNK / 2;
     const int n_scored = CHUNK - 1 - first;
     llama_batch batch = llama_batch_init(std::min(N_BATCH, CHUNK * n_seq), 0, 1);
-    long scored = 0;
     for (int c = 0; c < n_chunk; c += n_seq) {
         const int n_here = std::min(n_seq, n_chunk - c);
         llama_memory_clear(llama_get_memory(ctx), true);
@@ -297,7 +296,7 @@ void for_each_scored(const Setup & s, const std::vector<llama_token> & tokens, i
             const int start = (c + seq) * CHUNK;
             for (int k = 0; k < n_scored; ++k) {
                 const float * row = llama_get_logits_ith(ctx, seq * CHUNK + first + k);
-                score(row, tokens[start + first + k + 1], scored++);
+                score(row, tokens[start + first + k + 1]);
             }
         }
     }
@@ -322,7 +321,7 @@ int run_base(const Setup & s, const char * out_path) {
     Digest digest;
     BaseRow row;
     long count = 0;
-    for_each_scored(s, s.tokens, n_chunk, [&](const float * logits, llama_token next, long) {
+    for_each_scored(s, s.tokens, n_chunk, [&](const float * logits, llama_token next) {
         const float log_norm = quantize_row(logits, s.n_vocab, row);
         nll += (double) (log_norm - logits[next]);
         ++count;
@@ -362,7 +361,7 @@ int run_kld(Setup & s, const char * base_path) {
     Digest digest;
     BaseRow row;
     row.steps.resize(s.n_vocab);
-    for_each_scored(s, tokens, n_chunk, [&](const float * logits, llama_token next, long) {
+    for_each_scored(s, tokens, n_chunk, [&](const float * logits, llama_token next) {
         if (fread(&row.scale, sizeof(float), 1, f) != 1 || fread(&row.floor, sizeof(float), 1, f) != 1 ||
             fread(row.steps.data(), sizeof(uint16_t), row.steps.size(), f) != row.steps.size()) {
             die("the base file is truncated");
