@@ -3,39 +3,29 @@
     .venv/bin/python benchmarks/rotation_overhead.py [--version 0.3.17] [--reference 0.3.20]
                                                      [--rounds 9] [--threads 1]
 
-Runs llama-bench on the patched build of `portkit validate`'s workspace and, side by side,
-on upstream's own rotation (the reference tree, built on first use): each with
-LLAMA_ATTN_ROT_DISABLE=1 (the baseline) and with the rotation on. The four runs alternate
-within each round so that a busy machine weighs on all alike. Printed, for the port and for
-upstream: the best speed of the rounds (noise only ever slows a run down) and their on/off
-ratio (goal: >= 0.97x), then the median and the spread of each round's paired on/off ratio,
-which tell how noisy the machine was. One thread by default: on a 2-core virtual machine,
-two threads that wait on each other mostly measure the neighbours.
+Runs the validation harness's speed mode (pp256 / tg64, as llama-bench measures them) on the
+patched build of `portkit validate` and, side by side, on upstream's own rotation (the
+reference tree), each built on first use: each with LLAMA_ATTN_ROT_DISABLE=1 (the baseline)
+and with the rotation on. The four runs alternate within each round so that a busy machine
+weighs on all alike. Printed, for the port and for upstream: the best speed of the rounds
+(noise only ever slows a run down) and their on/off ratio (goal: >= 0.97x), then the median
+and the spread of each round's paired on/off ratio, which tell how noisy the machine was.
+One thread by default: on a 2-core virtual machine, two threads that wait on each other
+mostly measure the neighbours.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-from pathlib import Path
 
 from portkit import tree as tree_mod
 from portkit.features import Feature
-from portkit.models import FULL_MODEL, QUICK_MODEL, model_path
-from portkit.proc import run
-from portkit.validate import Runner, Workspace, reference_runner
+from portkit.models import FULL_MODEL, QUICK_MODEL
+from portkit.validate import PATCHED, UPSTREAM, Progress, Runner, prepare_variants, speed
 
 TESTS = ("prompt", "generation")
-
-
-def bench(binary: Path, model: Path, disable: bool, threads: int) -> dict[str, float]:
-    env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1" if disable else "0"}
-    proc = run([binary, "-m", model, "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1", "-t", str(threads),
-                "-p", "256", "-n", "64", "-r", "1", "-o", "json"], env=env)
-    rows = json.loads(proc.stdout)
-    return {("prompt" if r["n_prompt"] else "generation"): float(r["avg_ts"]) for r in rows}
+KEYS = {"prompt": "pp.ts", "generation": "tg.ts"}
 
 
 def main() -> None:
@@ -48,13 +38,15 @@ def main() -> None:
     args = ap.parse_args()
 
     tree = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.version}"))
-    feature = Feature.load("kv-rotation")
-    workspace = Workspace(tree, feature)
-    workspace.prepare()
     reference = tree_mod.detect(tree_mod.fetch(f"pypi:llama-cpp-python=={args.reference}"))
-    builds = {"port": Runner(workspace).bin("patched") / "llama-bench",
-              "upstream": reference_runner(reference, feature).bin("unpatched")
-              / "llama-bench"}
+    feature = Feature.load("kv-rotation")
+    harness = feature.harness()
+    assert harness is not None
+    variants = prepare_variants(tree, feature, reference)
+    runner = Runner(variants, harness, Progress())
+    builds = {"port": variants[PATCHED], "upstream": variants[UPSTREAM]}
+    for variant in builds.values():
+        runner.build(variant.name)
     print(f"port onto llama-cpp-python {args.version} (llama.cpp {(tree.pin or '?')[:12]}), "
           f"upstream {args.reference} ({(reference.pin or '?')[:12]}); q8_0/q8_0 cache, "
           f"{args.threads} thread(s), pp256 / tg64, {args.rounds} rounds")
@@ -63,11 +55,12 @@ def main() -> None:
     for model in (QUICK_MODEL, FULL_MODEL):
         samples: dict[tuple[str, bool, str], list[float]] = {}
         for _ in range(args.rounds):
-            for build, binary in builds.items():
+            for build, variant in builds.items():
                 for disable in (True, False):
-                    for test, speed in bench(binary, model_path(model), disable,
-                                             args.threads).items():
-                        samples.setdefault((build, disable, test), []).append(speed)
+                    result = speed(variant, harness, model, "q8_0/q8_0", disable=disable,
+                                   threads=args.threads, n_prompt=256, n_gen=64)
+                    for test in TESTS:
+                        samples.setdefault((build, disable, test), []).append(result[KEYS[test]])
         for test in TESTS:
             for build in builds:
                 offs, ons = samples[(build, True, test)], samples[(build, False, test)]
