@@ -387,7 +387,8 @@ class Result:
     log: Path
 
     def __getitem__(self, key: str) -> float:
-        return float(self.values[key])
+        # + 0.0: a figure printed as -0.000000 (a sum of rounding errors) reads as 0
+        return float(self.values[key]) + 0.0
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
