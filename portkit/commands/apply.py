@@ -31,9 +31,11 @@ from portkit.series import read_series
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
 @click.option("--compile", "compile_check", is_flag=True,
-              help="Compile the translation units the series touches; take it out if they fail.")
+              help="Compile the translation units the series touches (in a fork's vendored "
+                   "subset: compile and link libllama and ggml); take it out if they fail.")
 @click.option("--validate", "then_validate", is_flag=True,
-              help="Then run `portkit validate --quick` on the patched tree.")
+              help="Then run `portkit validate --quick` on the patched tree (in a fork: the "
+                   "vendored subset as the fork has it); about 11 min the first time.")
 @fails_cleanly
 def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path | None,
               dry_run: bool, reverse: bool, force: bool, compile_check: bool,
