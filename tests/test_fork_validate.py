@@ -143,6 +143,11 @@ def test_validation_in_the_fork_passes_and_agrees_with_the_registry_tree(real_fo
     assert "FORK = fixture" in (unpatched / "llama.cpp" / "src" / "llama.cpp").read_text()
     assert '"+fork"' in (unpatched / "ggml" / "src" / "ggml.c").read_text()
     assert "attn_rot_k" not in (unpatched / "llama.cpp" / "src" / "llama-kv-cache.cpp").read_text()
+    # `portkit validate` in the fork afterwards validates the same two builds: nothing to do
+    again = CliRunner().invoke(cli, ["validate", "--tree", str(fork), "--format", "json"])
+    assert again.exit_code == 0, again.output
+    assert "building" not in again.stderr and "[1/" not in again.stderr, again.stderr
+    assert json.loads(again.stdout)["checks"] == report["checks"]
     # the same tree as a whole registry tree gives the same figures, digit for digit
     registry = validate_mod.validate(
         tree_mod.detect(registry_tree("0.3.17")), Feature.load("kv-rotation"),
