@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from portkit.cache import cache_dir
-from portkit.errors import PortkitError
+from portkit.errors import BuildError, ToolMissing
 from portkit.proc import run, stream
 from portkit.tree import Tree
 
@@ -102,7 +102,7 @@ def _first_error(log: str) -> str:
 def _check_tools() -> None:
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
-            raise PortkitError(f"{tool} is not installed (apt-get install cmake ninja-build)")
+            raise ToolMissing(f"{tool} is not installed (apt-get install cmake ninja-build)")
 
 
 def _ccache_env(sources: Sources) -> dict[str, str]:
@@ -183,7 +183,10 @@ def project_text(sources: Sources, harness: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_subset(sources: Sources) -> None:
+def check_buildable(sources: Sources) -> None:
+    """Refuse, before anything is copied or built, a tree that portkit cannot build: cmake or
+    ninja missing, or a vendored subset that lacks what ggml and libllama need."""
+    _check_tools()
     if sources.has_project:
         return
     missing = [p for p in (sources.llama_root / "src" / "llama.cpp",
@@ -191,7 +194,7 @@ def _check_subset(sources: Sources) -> None:
                            sources.ggml_root / "src" / "CMakeLists.txt",
                            sources.ggml_root / "include" / "ggml.h") if not p.is_file()]
     if missing:
-        raise PortkitError(f"cannot build {sources.llama_root}: it has no CMake project and "
+        raise BuildError(f"cannot build {sources.llama_root}: it has no CMake project and "
                            f"the vendored subset lacks {missing[0]}")
 
 
@@ -214,8 +217,7 @@ def configure(sources: Sources, folder: Path, harness: Path | None = None, *,
               tools: bool = False) -> bool:
     """Write portkit's CMake project for `sources` into `folder` and configure it (once per
     project text and set of options). Whether it configured anything."""
-    _check_tools()
-    _check_subset(sources)
+    check_buildable(sources)
     project = folder / "project"
     project.mkdir(parents=True, exist_ok=True)
     copy = _harness_copy(folder, harness)
@@ -237,7 +239,7 @@ def configure(sources: Sources, folder: Path, harness: Path | None = None, *,
     if proc.returncode != 0:
         log = folder / "configure.log"
         log.write_text(proc.stdout + proc.stderr)
-        raise PortkitError(f"cmake configure failed: {_first_error(proc.stderr)} (log: {log})")
+        raise BuildError(f"cmake configure failed: {_first_error(proc.stderr)} (log: {log})")
     stamp.write_text(wanted)
     return True
 
@@ -275,7 +277,7 @@ def ninja(sources: Sources, folder: Path, targets: Sequence[str], label: str = "
     code = stream(["ninja", "-C", folder, *targets], log, on_line=_Progress(label, say),
                   env=_ccache_env(sources))
     if code != 0:
-        raise PortkitError(f"build failed: {_first_error(log.read_text())} (log: {log})")
+        raise BuildError(f"build failed: {_first_error(log.read_text())} (log: {log})")
 
 
 def pending_steps(sources: Sources, folder: Path, harness: Path, *,
@@ -331,7 +333,7 @@ def compile_units(tree: Tree, files: list[str]) -> CompileResult:
     for unit in units:
         entry = by_file.get((tree.llama_root / unit).resolve())
         if entry is None:
-            raise PortkitError(f"{unit} is not compiled by the tree's CMake project")
+            raise BuildError(f"{unit} is not compiled by the tree's CMake project")
         targets.append(entry.get("output") or _output_of(entry["command"]))
     if sources.has_project:
         ninja(sources, folder, targets, "the touched units")

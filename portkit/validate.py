@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from portkit.apply import patched_contents, read_record
-from portkit.build import Sources, build_harness, harness_binary, pending_steps
+from portkit.build import Sources, build_harness, check_buildable, harness_binary, pending_steps
 from portkit.cache import cache_dir, exclusive, publish, scratch, sweep
 from portkit.errors import PortkitError
 from portkit.features import Feature
@@ -654,6 +654,9 @@ def validate(tree: Tree, feature: Feature, *, full: bool = False,
     harness = feature.harness()
     if harness is None:
         raise PortkitError(f"feature {feature.name} has no validation harness")
+    for buildable in (tree, reference):
+        if buildable is not None:
+            check_buildable(Sources.of(buildable))
     progress = Progress()
     variants = prepare_variants(tree, feature, reference, progress)
     runner = Runner(variants, harness, progress)

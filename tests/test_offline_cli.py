@@ -116,3 +116,17 @@ def test_rebase_of_a_series_needs_its_base_and_an_out_folder(fixture_tree, tmp_p
     result = invoke("rebase", "--series", str(tmp_path), "--onto", str(fixture_tree("renamed")))
     assert result.exit_code == 2
     assert result.stderr.startswith("portkit: with --series, give --out DIR")
+
+
+
+def test_validate_in_a_fork_whose_subset_cannot_be_built_says_what_it_lacks(fixture_fork):
+    fork = fixture_fork("old")  # the fixture vendors ggml's headers, not ggml/src
+    before = tree_bytes(fork.root)
+    result = invoke("validate", "--tree", str(fork.root), "--published")
+    assert result.exit_code == 10, result.output
+    lacks = fork.root / "ml" / "backend" / "ggml" / "ggml" / "src" / "CMakeLists.txt"
+    assert result.output.endswith(f"it has no CMake project and the vendored subset lacks "
+                                  f"{lacks}\n"), result.output
+    assert [line for line in result.output.splitlines() if line.startswith("portkit: ")
+            and "validate:" not in line] == [result.output.splitlines()[-1]]
+    assert tree_bytes(fork.root) == before
