@@ -131,6 +131,45 @@ def _meaningful(lines: Iterable[str]) -> list[str]:
     return [f for f in (flat(line) for line in lines) if len(f) >= _MEANINGFUL]
 
 
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
+
+
+def _tokens(line: str) -> list[str]:
+    """A line's C++ tokens, roughly: names, numbers, and every other character apart."""
+    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+    return _TOKEN.findall(code)
+
+
+def _akin(a: str, b: str) -> bool:
+    """Whether `b` reads as a rename of `a`: mostly the same letters, or the same words."""
+    return SequenceMatcher(None, a, b).ratio() >= 0.7 or \
+        sorted(a.lower().split("_")) == sorted(b.lower().split("_"))
+
+
+def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: frozenset[str],
+           mapping: dict[str, str]) -> dict[str, str] | None:
+    """`mapping` extended so that `ours` reads as `theirs` when each wild name stands for one
+    name upstream gained that reads as its rename (one for one), or None. Every other token
+    must be the same, and a
+    line that has a wild name must also have two names of its own that match as they are."""
+    if len(ours) != len(theirs):
+        return None
+    out = dict(mapping)
+    literal = has_wild = 0
+    for a, b in zip(ours, theirs, strict=True):
+        if a in wild:
+            has_wild = 1
+            if out.get(a, b) != b or b not in gained or not _akin(a, b) \
+                    or (a not in out and b in out.values()):
+                return None
+            out[a] = b
+        elif a != b:
+            return None
+        elif _IDENT.fullmatch(a):
+            literal += 1
+    return out if not has_wild or literal >= 2 else None
+
+
 @dataclass
 class Side:
     """A tree as drift reads it: the folder whose paths the series names (a fork's vendored
@@ -764,7 +803,51 @@ class _Target:
                    and not (w in defined and self.target.index.find(w))]
         if not missing:
             return f"it has {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
-        return ""
+        return self.present_renamed(hunk, rel, lines, removed)
+
+    def present_renamed(self, hunk: Hunk, rel: str, lines: list[str],
+                        removed: list[str]) -> str:
+        """Why `lines` of the target have what the hunk adds under other names, or "": the
+        hunk defines a name the target does not have, and every meaningful added line is
+        there, in order and close together, once each name the target lacks (the hunk's own
+        new names, names that upstream renamed) is read as one name upstream gained that
+        reads as its rename. A definition at file scope is looked for in the whole file `rel`.
+        Lines the hunk removes must be gone from there."""
+        wild = frozenset(w for w in identifiers(hunk.added) if w not in self.target.all_words)
+        defining = [line for line in hunk.added if any(_defines(w, [line]) for w in wild)]
+        if not defining:
+            return ""
+        if any(line[:1] not in (" ", "\t") for line in defining):
+            lines = (self.target.text(rel) or "").splitlines()
+        ours = [_tokens(line) for line in hunk.added if len(flat(line)) >= _MEANINGFUL]
+        theirs = [_tokens(line) for line in lines]
+        gained = frozenset(w for toks in theirs for w in toks
+                           if _IDENT.fullmatch(w) and w not in self.base.all_words)
+        if not gained:
+            return ""
+        reach = len(hunk.added) + _NEAR
+
+        def match(i: int, after: int, mapping: dict[str, str]) -> tuple[dict[str, str],
+                                                                        list[int]] | None:
+            if i == len(ours):
+                return mapping, []
+            stop = len(theirs) if i == 0 else min(len(theirs), after + 1 + reach)
+            for j in range(after + 1, stop):
+                extended = _unify(ours[i], theirs[j], wild, gained, mapping)
+                if extended is not None:
+                    rest = match(i + 1, j, extended)
+                    if rest is not None:
+                        return rest[0], [j, *rest[1]]
+            return None
+
+        found = match(0, -1, {})
+        if found is None or not found[0]:
+            return ""
+        mapping, at = found
+        near = {flat(line) for line in lines[max(at[0] - 2, 0):at[-1] + 3]}
+        if any(r in near for r in removed):
+            return ""
+        return "it has " + ", ".join(f"{a} as {b}" for a, b in mapping.items())
 
     # -- nearest match -----------------------------------------------------------------
 

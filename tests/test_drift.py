@@ -5,6 +5,7 @@ the one shaped like 0.3.17."""
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -137,11 +138,7 @@ def test_fixture_series_is_already_applied_to_the_tree_it_patched(fixture_tree, 
 
 FORK_SERIES = REPO / "tests" / "data" / "fork-series"
 # Where drift's answer differs from the hand-made one, and why; anything else is a failure.
-KNOWN_MISSES = {
-    "0012-llama-expose-llama_n_ctx_per_seq.patch":
-        "upstream added the same function under another name (llama_n_ctx_seq); nothing in "
-        "the two trees says the names mean the same thing, so drift reports a conflict",
-}
+KNOWN_MISSES: dict[str, str] = {}
 ATTENTION = {dm.FUZZ, dm.RELOCATED, dm.CONFLICT}
 
 
@@ -172,6 +169,18 @@ def test_fork_series_statuses_match_the_hand_made_ones(fork_report, version):
                 assert ours.moved_to is not None
                 assert ours.moved_to.file == theirs["moved_to_file"], patch.file
     assert set(wrong) == set(KNOWN_MISSES), wrong
+
+
+@pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
+def test_a_function_upstream_added_under_another_name_is_present_upstream(fork_report, version):
+    """0012 adds llama_n_ctx_per_seq() calling llama_context::n_ctx_per_seq(); upstream
+    added the same function as llama_n_ctx_seq() calling the method it renamed n_ctx_seq()."""
+    patch = next(p for p in _target(fork_report, version).patches
+                 if p.file.startswith("0012-"))
+    assert [h.status for h in patch.hunks] == [dm.PRESENT_UPSTREAM, dm.PRESENT_UPSTREAM]
+    assert "llama_n_ctx_per_seq as llama_n_ctx_seq" in patch.hunks[0].reason
+    assert "llama_n_ctx_per_seq as llama_n_ctx_seq, n_ctx_per_seq as n_ctx_seq" in \
+        patch.hunks[1].reason
 
 
 @pytest.mark.parametrize("version", ["0.3.17", "0.3.19"])
@@ -255,3 +264,47 @@ def test_saved_report_renders_again_with_the_same_exit_code(fixture_tree, tmp_pa
     again, markdown = _drift_cli("--from-json", str(saved), "--format", "markdown")
     assert again == code == dm.ATTENTION_EXIT  # the renamed tree has conflicts
     assert markdown.startswith("#") and "conflict" in markdown
+
+
+# -- present upstream under another name (synthetic trees) ---------------------------------
+
+PER_SEQ = """\
+--- a/src/llama.cpp
++++ b/src/llama.cpp
+@@ -18,3 +18,7 @@ const char * llama_print_system_info(void) {
+ int32_t llama_n_ctx(const llama_context * ctx) {
+     return ctx->n_ctx();
+ }
++
++int32_t llama_n_ctx_per_seq(const llama_context * ctx) {
++    return ctx->n_ctx() / ctx->n_seq_max();
++}
+"""
+
+
+@pytest.mark.parametrize(("upstream_adds", "status"), [
+    # the same function under a name that reads as its rename: the fork's is a duplicate
+    ("int32_t llama_n_ctx_seq(const llama_context * ctx) {\n"
+     "    return ctx->n_ctx() / ctx->n_seq_max();\n}\n", dm.PRESENT_UPSTREAM),
+    # the same shape under an unrelated name is another function
+    ("int32_t llama_batch_limit(const llama_context * ctx) {\n"
+     "    return ctx->n_ctx() / ctx->n_seq_max();\n}\n", dm.OFFSET),
+    # a rename whose body differs is not the same change
+    ("int32_t llama_n_ctx_seq(const llama_context * ctx) {\n"
+     "    return ctx->n_ctx() / ctx->n_seq_max() + 1;\n}\n", dm.OFFSET),
+])
+def test_a_definition_upstream_has_under_another_name(fixture_tree, tmp_path, upstream_adds,
+                                                       status):
+    base, target = fixture_tree("old"), tmp_path / "target"
+    shutil.copytree(base, target)
+    source = target / "src" / "llama.cpp"  # upstream's function goes before llama_n_ctx
+    text = source.read_text()
+    at = text.index("int32_t llama_n_ctx(")
+    source.write_text(text[:at] + upstream_adds + "\n" + text[at:])
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "0001-per-seq.patch").write_text(PER_SEQ)
+    hunk = _report(base, {"t": target}, series).targets[0].patches[0].hunks[0]
+    assert hunk.status == status, hunk.reason
+    if status == dm.PRESENT_UPSTREAM:
+        assert hunk.reason.endswith("it has llama_n_ctx_per_seq as llama_n_ctx_seq")
