@@ -11,7 +11,8 @@ that fails is followed into the target:
                     with the target's names, lands inside it;
   present-upstream  the target already has the change in another form: every line the
                     hunk adds is there, or every new name it brings is already used at that
-                    place in the target;
+                    place in the target, or every line it adds is there under upstream's
+                    names (a definition upstream added under a name akin to the hunk's);
   conflict          none of that: the reason (file gone, symbol gone, context changed) and
                     the nearest match in the target.
 
