@@ -143,8 +143,12 @@ def _tokens(line: str) -> list[str]:
 
 def _akin(a: str, b: str) -> bool:
     """Whether `b` reads as a rename of `a`: mostly the same letters, or the same words."""
-    return SequenceMatcher(None, a, b).ratio() >= 0.7 or \
-        sorted(a.lower().split("_")) == sorted(b.lower().split("_"))
+    if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
+        return True
+    if 2 * min(len(a), len(b)) < 0.7 * (len(a) + len(b)):
+        return False
+    m = SequenceMatcher(None, a, b, autojunk=False)
+    return m.real_quick_ratio() >= 0.7 and m.quick_ratio() >= 0.7 and m.ratio() >= 0.7
 
 
 def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: frozenset[str],
@@ -181,6 +185,8 @@ class Side:
     patterns: tuple[str, ...]
     pin: str | None = None
     _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _tokens: dict[str, list[list[str]]] = field(default_factory=dict, repr=False)
+    _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def index(self) -> Index:
@@ -198,6 +204,22 @@ class Side:
             text = self.text(rel)
             self._flat[rel] = [flat(x) for x in text.splitlines()] if text is not None else []
         return self._flat[rel]
+
+    def file_words(self, rel: str) -> frozenset[str]:
+        """The names used in one file (as `words`, without reading every file)."""
+        if "words" in self.__dict__:
+            return self.words.get(rel, frozenset())
+        if rel not in self._file_words:
+            text = self.text(rel)
+            self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
+        return self._file_words[rel]
+
+    def token_lines(self, rel: str) -> list[list[str]]:
+        """The file's lines as tokens (cached, like flat_lines)."""
+        if rel not in self._tokens:
+            text = self.text(rel)
+            self._tokens[rel] = [_tokens(x) for x in text.splitlines()] if text else []
+        return self._tokens[rel]
 
     @cached_property
     def words(self) -> dict[str, frozenset[str]]:
@@ -804,28 +826,32 @@ class _Target:
                    and not (w in defined and self.target.index.find(w))]
         if not missing:
             return f"it has {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
-        return self.present_renamed(hunk, rel, lines, removed)
+        return self.present_renamed(hunk, rel, span, removed)
 
-    def present_renamed(self, hunk: Hunk, rel: str, lines: list[str],
+    def present_renamed(self, hunk: Hunk, rel: str, span: tuple[int, int] | None,
                         removed: list[str]) -> str:
-        """Why `lines` of the target have what the hunk adds under other names, or "": the
-        hunk defines a name the target does not have, and every meaningful added line is
-        there, in order and close together, once each name the target lacks (the hunk's own
-        new names, names that upstream renamed) is read as one name upstream gained that
-        reads as its rename. A definition at file scope is looked for in the whole file `rel`.
-        Lines the hunk removes must be gone from there."""
-        wild = frozenset(w for w in identifiers(hunk.added) if w not in self.target.all_words)
+        """Why the target's file `rel` (within `span` lines) has what the hunk adds under
+        other names, or "": the hunk defines a name the target does not have, and every
+        meaningful added line is there, in order and close together, once each name the
+        target lacks (the hunk's own new names, names upstream renamed) is read as one name
+        upstream gained that reads as its rename. A definition at file scope is looked for in
+        the whole file. Lines the hunk removes must be gone from there."""
+        here = self.target.file_words(rel)
+        wild = frozenset(w for w in identifiers(hunk.added)
+                         if w not in here and not self.target.index.find(w))
         defining = [line for line in hunk.added if any(_defines(w, [line]) for w in wild)]
         if not defining:
             return ""
-        if any(line[:1] not in (" ", "\t") for line in defining):
-            lines = (self.target.text(rel) or "").splitlines()
-        ours = [_tokens(line) for line in hunk.added if len(flat(line)) >= _MEANINGFUL]
-        theirs = [_tokens(line) for line in lines]
-        gained = frozenset(w for toks in theirs for w in toks
-                           if _IDENT.fullmatch(w) and w not in self.base.all_words)
-        if not gained:
+        # cheap first: a name the hunk defines must have an akin name new in the file
+        new_here = here - self.base.all_words
+        if not any(_akin(w, g) for w in wild if _defines(w, defining) for g in new_here):
             return ""
+        lo, hi = 0, None
+        if span is not None and all(line[:1] in (" ", "\t") for line in defining):
+            lo, hi = max(span[0] - 1, 0), span[1]
+        theirs = self.target.token_lines(rel)[lo:hi]
+        gained = new_here
+        ours = [_tokens(line) for line in hunk.added if len(flat(line)) >= _MEANINGFUL]
         reach = len(hunk.added) + _NEAR
 
         def match(i: int, after: int, mapping: dict[str, str]) -> tuple[dict[str, str],
@@ -845,7 +871,7 @@ class _Target:
         if found is None or not found[0]:
             return ""
         mapping, at = found
-        near = {flat(line) for line in lines[max(at[0] - 2, 0):at[-1] + 3]}
+        near = set(self.target.flat_lines(rel)[lo:hi][max(at[0] - 2, 0):at[-1] + 3])
         if any(r in near for r in removed):
             return ""
         return "it has " + ", ".join(f"{a} as {b}" for a, b in mapping.items())
