@@ -187,6 +187,16 @@ def lay_out_fork(name: str, dest: Path, upstream: Path) -> Fork:
         path.write_text(text.replace(patch.after, patch.after + patch.lines))
         git(upstream, "commit", "--quiet", "--all", "--message", patch.subject)
 
+    series = vendor_as_fork(upstream, base, dest, pin=base)
+    return Fork(dest, upstream, base, sorted(p.name for p in series.glob("*.patch")))
+
+
+def vendor_as_fork(upstream: Path, base: str, dest: Path, *, pin: str) -> Path:
+    """Lay out `dest` as an ollama-style fork of `upstream`, a repository whose branch `fork`
+    holds the fork's own commits on `base`: those commits as the fork's series (git
+    format-patch --no-signature --no-numbered --zero-commit) in llama/patches, the branch's
+    tree vendored (llama/llama.cpp, ml/backend/ggml/ggml), Makefile.sync and build-info.cpp
+    naming `pin`; everything committed. The series folder."""
     series = dest / "llama" / "patches"
     series.mkdir(parents=True)
     git(upstream, "format-patch", "--quiet", "--no-signature", "--no-numbered", "--zero-commit",
@@ -196,11 +206,11 @@ def lay_out_fork(name: str, dest: Path, upstream: Path) -> Fork:
     shutil.copytree(upstream / "ggml", dest / "ml" / "backend" / "ggml" / "ggml")
     (dest / "Makefile.sync").write_text(
         f"UPSTREAM=https://github.com/ggml-org/llama.cpp.git\nWORKDIR=llama/vendor\n"
-        f"FETCH_HEAD={base}\n")
+        f"FETCH_HEAD={pin}\n")
     (dest / "llama" / "build-info.cpp").write_text(
-        f'int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "{base}";\n')
-    commit_all(dest, f"vendor llama.cpp {base[:12]} with the fork's patches")
-    return Fork(dest, upstream, base, sorted(p.name for p in series.glob("*.patch")))
+        f'int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "{pin}";\n')
+    commit_all(dest, f"vendor llama.cpp {pin[:12]} with the fork's patches")
+    return series
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from portkit.cli import cli
 from portkit.features import Feature
 from portkit.tree import OLLAMA
 
-from .conftest import commit_all, git
+from .conftest import commit_all, git, vendor_as_fork
 
 PIN = "49bfddeca18e62fa3d39114a23e9fcbdf8a22388"
 COMMON_FILES = ("common.h", "common.cpp", "log.h", "log.cpp", "sampling.h", "sampling.cpp")
@@ -77,19 +77,7 @@ def lay_out_real_fork(llama: Path, dest: Path, upstream: Path) -> Path:
         assert text.count(patch.old) == 1, (patch.file, patch.old)
         path.write_text(text.replace(patch.old, patch.new))
         git(upstream, "commit", "--quiet", "--all", "--message", patch.subject)
-    series = dest / "llama" / "patches"
-    series.mkdir(parents=True)
-    git(upstream, "format-patch", "--quiet", "--no-signature", "--no-numbered", "--zero-commit",
-        "--output-directory", str(series), f"{base}..fork")
-    shutil.copytree(upstream, dest / "llama" / "llama.cpp",
-                    ignore=shutil.ignore_patterns(".git", "ggml"))
-    shutil.copytree(upstream / "ggml", dest / "ml" / "backend" / "ggml" / "ggml")
-    (dest / "Makefile.sync").write_text(
-        f"UPSTREAM=https://github.com/ggml-org/llama.cpp.git\nWORKDIR=llama/vendor\n"
-        f"FETCH_HEAD={PIN}\n")
-    (dest / "llama" / "build-info.cpp").write_text(
-        f'int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "{PIN}";\n')
-    commit_all(dest, f"vendor llama.cpp {PIN[:12]} with the fork's patches")
+    vendor_as_fork(upstream, base, dest, pin=PIN)
     return dest
 
 
