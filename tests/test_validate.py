@@ -241,3 +241,17 @@ def test_a_vendored_subset_gets_portkits_own_project_and_a_whole_tree_its_own(tm
     whole = Sources(llama, llama / "ggml")
     assert whole.has_project
     assert f'add_subdirectory("{llama}" llama.cpp)' in project_text(whole, harness)
+
+
+def test_estimates_ignore_a_damaged_timings_file(offline_cache):
+    timings = offline_cache / "validate" / "timings.json"
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    for text in ('["kld:smollm2"]', '{"kld:smollm2": "soon", "base": -3, "state": 1e309}',
+                 "{not json", '{"kld:smollm2": 40}'):
+        timings.write_text(text)
+        progress = validate_mod.Progress()
+        measured = 40.0 if text == '{"kld:smollm2": 40}' else validate_mod._GUESS["kld"]
+        assert progress.guess("kld", "smollm2") == measured
+        assert progress.guess("base") == validate_mod._GUESS["base"]
+        progress.learn("kld", "smollm2", 20.0)  # and it can write it afresh
+        assert json.loads(timings.read_text())["kld:smollm2"] in (20.0, 30.0)
