@@ -394,8 +394,12 @@ class Result:
     log: Path
 
     def __getitem__(self, key: str) -> float:
-        # + 0.0: a figure printed as -0.000000 (a sum of rounding errors) reads as 0
-        return float(self.values[key]) + 0.0
+        try:
+            # + 0.0: a figure printed as -0.000000 (a sum of rounding errors) reads as 0
+            return float(self.values[key]) + 0.0
+        except (KeyError, ValueError):
+            raise PortkitError(f"the run log {self.log} has no figure {key!r} (damaged? "
+                               f"delete it and validate again)") from None
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from portkit import validate as validate_mod
@@ -255,3 +256,15 @@ def test_estimates_ignore_a_damaged_timings_file(offline_cache):
         assert progress.guess("base") == validate_mod._GUESS["base"]
         progress.learn("kld", "smollm2", 20.0)  # and it can write it afresh
         assert json.loads(timings.read_text())["kld:smollm2"] in (20.0, 30.0)
+
+
+def test_a_damaged_run_log_is_one_clear_error(tmp_path):
+    log = tmp_path / "kld-smollm2-q8_0-q8_0.log"
+    log.write_text("# build x base y\nppl=18.4\nkld=soon\n")
+    result = validate_mod.Result({"ppl": "18.4", "kld": "soon"}, log)
+    assert result["ppl"] == 18.4
+    for key in ("kld", "top1"):
+        with pytest.raises(validate_mod.PortkitError) as caught:
+            result[key]
+        assert str(caught.value) == (f"the run log {log} has no figure {key!r} (damaged? "
+                                     f"delete it and validate again)")
