@@ -36,6 +36,7 @@ from pathlib import Path
 
 from portkit import rebase as rb
 from portkit import tree as tree_mod
+from portkit.cache import lay_down
 from portkit.series import Patch, read_series
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,13 +55,7 @@ def run(args: list[str], cwd: Path,
 
 def lay_out(files: Files, root: Path) -> Path:
     """`root` holding exactly `files` (absent ones removed); git's own folder kept."""
-    for rel, data in files.items():
-        path = root / rel
-        if data is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+    lay_down(root, files)
     return root
 
 

@@ -24,7 +24,7 @@ from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
 from portkit.build import CompileResult, compile_units
-from portkit.cache import cache_dir, scratch, sweep
+from portkit.cache import cache_dir, lay_down, scratch, sweep
 from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.hunks import apply_hunks
 from portkit.index import source_files
@@ -180,12 +180,7 @@ def unpatched_view(tree: Tree, feature: str, patterns: Sequence[str]) -> Iterato
             if (tree.llama_root / rel).is_file():
                 (private / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tree.llama_root / rel, private / rel)
-        for rel, data in restored.items():
-            if data is None:
-                (private / rel).unlink(missing_ok=True)
-            else:
-                (private / rel).parent.mkdir(parents=True, exist_ok=True)
-                (private / rel).write_bytes(data)
+        lay_down(private, restored)
         yield replace(tree, llama_root=private)
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -97,6 +97,19 @@ def terminable() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def lay_down(root: Path, files: Mapping[str, bytes | None]) -> None:
+    """Write `files` (paths relative to `root`) into a folder portkit owns (a scratch copy,
+    a cache entry; never a user's tree, which only the transaction writes): bytes are
+    written, folders made as needed; None removes the file."""
+    for rel, data in files.items():
+        path = root / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from functools import cached_property
 from pathlib import Path
 
 from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
+from portkit.cache import lay_down
 from portkit.drift_model import (
     ALREADY_APPLIED,
     CLEAN,
@@ -262,13 +263,7 @@ def reversed_base(series: Series, tree: Tree) -> Iterator[Path]:
             for rel in _scope_files(view, SCOPE):
                 (base / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(view / rel, base / rel)
-            for rel, data in back.files.items():
-                path = base / rel
-                if data is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(data)
+            lay_down(base, back.files)
             yield base
 
 
@@ -850,7 +845,6 @@ class _Target:
         if span is not None and all(line[:1] in (" ", "\t") for line in defining):
             lo, hi = max(span[0] - 1, 0), span[1]
         theirs = self.target.token_lines(rel)[lo:hi]
-        gained = new_here
         ours = [_tokens(line) for line in hunk.added if len(flat(line)) >= _MEANINGFUL]
         reach = len(hunk.added) + _NEAR
 
@@ -860,7 +854,7 @@ class _Target:
                 return mapping, []
             stop = len(theirs) if i == 0 else min(len(theirs), after + 1 + reach)
             for j in range(after + 1, stop):
-                extended = _unify(ours[i], theirs[j], wild, gained, mapping)
+                extended = _unify(ours[i], theirs[j], wild, new_here, mapping)
                 if extended is not None:
                     rest = match(i + 1, j, extended)
                     if rest is not None:

@@ -51,6 +51,7 @@ from typing import Any
 
 from portkit import drift_model as dm
 from portkit.apply import refuse_uncommitted
+from portkit.cache import lay_down
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import PortkitError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
@@ -216,12 +217,7 @@ class _Copy:
 
     def put(self, rel: str, data: bytes | None) -> None:
         self.files[rel] = data
-        path = self.root / rel
-        if data is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+        lay_down(self.root, {rel: data})
 
 
 # -- git's tools, sealed -------------------------------------------------------------------

@@ -36,7 +36,7 @@ from typing import Any
 
 from portkit.apply import patched_contents, read_record
 from portkit.build import Sources, build_harness, check_buildable, harness_binary, pending_steps
-from portkit.cache import cache_dir, exclusive, publish, scratch, sweep
+from portkit.cache import cache_dir, exclusive, lay_down, publish, scratch, sweep
 from portkit.errors import PortkitError
 from portkit.features import Feature
 from portkit.models import model_path
@@ -305,13 +305,7 @@ def _materialize(overlay: Overlay, what: str, progress: Progress) -> Path:
         with scratch(builds, ".copy-") as tmp:
             for name, root in overlay.parts():
                 shutil.copytree(root, tmp / name, symlinks=True, ignore=_ignore(root))
-            for rel, data in overlay.changes.items():
-                target = tmp / "llama.cpp" / rel
-                if data is None:
-                    target.unlink(missing_ok=True)
-                else:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
+            lay_down(tmp / "llama.cpp", overlay.changes)
             (tmp / "made").write_text(f"{what}\n{overlay.llama_root}\n")
             publish(tmp, folder)
     return folder
