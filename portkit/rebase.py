@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from portkit import drift_model as dm
@@ -55,6 +55,7 @@ from portkit.cache import lay_down
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import PortkitError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
+from portkit.merge import SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
     Conventions,
@@ -223,29 +224,20 @@ class _Copy:
 # -- git's tools, sealed -------------------------------------------------------------------
 
 
-def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
-           labels: tuple[str, str, str] = ("target", "base", "series")) -> tuple[bytes, int]:
-    """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict
-    markers, diff3 style, where they conflict) and how many conflicts there are. `room` is a
-    folder to work in (a temporary one by default)."""
-    if room is None:
-        with _scratch("portkit-merge-") as tmp:
-            return merge3(ours, base, theirs, room=tmp, labels=labels)
-    for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-        (room / name).write_bytes(data)
-    done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-                "ours", "base", "theirs"], cwd=room, check=False, ceiling=room)
-    if done.returncode < 0 or done.returncode > 127:
-        raise PortkitError(f"git merge-file failed: {done.stderr.strip()}")
-    return (room / "ours").read_bytes(), done.returncode
-
-
 def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
     """`git apply` of `patch` to the files under `root` (no repository); whether it did."""
     (room / "apply.patch").write_bytes(patch)
     done = git(["apply", f"-p{strip}", "--whitespace=nowarn", room / "apply.patch"],
                cwd=root, check=False, ceiling=root)
     return done.returncode == 0
+
+
+def similarity(a: bytes, b: bytes) -> float:
+    """How alike two files are, as git's rename detection measures it: the share of their
+    bytes in lines both have (each line counted as often as both have it)."""
+    mine, theirs = Counter(a.splitlines(keepends=True)), Counter(b.splitlines(keepends=True))
+    common = sum(len(line) * min(n, theirs[line]) for line, n in mine.items())
+    return 2 * common / (len(a) + len(b)) if a or b else 1.0
 
 
 def _style(series: Series) -> tuple[int, bool]:
@@ -310,24 +302,30 @@ class _Carrier:
         for folder in (self.room / "hunk", self.base.root, self.work.root):
             folder.mkdir(parents=True)
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
+        self._by_name: dict[str, list[str]] | None = None
 
     def carry(self, patch: Patch) -> _Outcome:
+        """Patch `patch` carried: by text first (what `git am -3` does), by structure only
+        where text cannot."""
         self.work.load(patch.paths)
         self.base.load(patch.paths)
-        with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
-            presult = run.patches[0]
-        drift = self.lead.patch(presult, self.work.files)
-        if any(hr.status == ALREADY for hr in presult.hunks):  # say where the engine found it
-            drift = replace(drift, hunks=tuple(
-                replace(d, reason=f"{d.reason}, at line {hr.line}")
-                if d.status == dm.ALREADY_APPLIED and hr.status == ALREADY and hr.line else d
-                for hr, d in zip(presult.hunks, drift.hunks, strict=False)))
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
         # The base takes the whole series as it is: git apply, as it was written there.
+        theirs: dict[str, bytes | None] | None = None
         if git_apply(self.base.root, patch.data, self.room, patch.strip):
             for rel in patch.paths:
                 self.base.files[rel] = self.base.original(rel, here=True)
-        outcome = self._decide(patch, drift, before_base)
+            theirs = {rel: self.base.files[rel] for rel in patch.paths}
+        text = self._text(patch, before_base, theirs)
+        if isinstance(text, _Outcome):
+            for rel, data in text.after.items():
+                self.work.put(rel, data)
+            return text
+        outcome = self._structure(patch, before_base)
+        if outcome.status not in (NEEDS_HUMAN, DROPPED, NEEDS_REVIEW):
+            outcome = replace(outcome, status=NEEDS_REVIEW, reason=(
+                f"text does not carry it ({text}); {outcome.status} by structure: "
+                f"{outcome.reason}"))
         if outcome.status == NEEDS_HUMAN:
             brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
             for name in brings - self.lead.base.all_words - self.lead.target.all_words:
@@ -336,6 +334,109 @@ class _Carrier:
             for rel, data in outcome.after.items():
                 self.work.put(rel, data)
         return outcome
+
+    def _text(self, patch: Patch, before_base: dict[str, bytes | None],
+              theirs: dict[str, bytes | None] | None) -> _Outcome | str:
+        """The patch carried as `git am -3` carries it: `git apply` of the whole patch onto
+        the target as the earlier patches left it; failing that, each file it touches
+        merged three ways (the target's file, the base's file as the earlier patches left
+        it, and the same with this patch). The outcome, or why text cannot carry it."""
+        room = self.room / "text"
+        if room.exists():
+            shutil.rmtree(room)
+        room.mkdir()
+        ours = {rel: self.work.get(rel) for rel in patch.paths}
+        lay_down(room, ours)
+        if git_apply(room, patch.data, self.room, patch.strip):
+            applied = {rel: (room / rel).read_bytes() if (room / rel).is_file() else None
+                       for rel in patch.paths}
+            return _Outcome(UNCHANGED, "applies as it is",
+                            {rel: d for rel, d in applied.items() if d != ours[rel]})
+        if theirs is None:
+            return "it does not apply, and not to its own base either"
+        after: dict[str, bytes | None] = {}
+        conflicts: list[str] = []
+        said: list[str] = []
+        review: list[str] = []
+        for rel in patch.paths:
+            o, b, t = ours[rel], before_base[rel], theirs[rel]
+            home = rel
+            if o is None and b is not None and b != t:
+                moved = self.moved(rel, b)
+                if moved is not None:
+                    home, o = moved
+                    said.append(f"{rel} is {home} in the target (git's rename rule)")
+            if o in (b, t):
+                result: bytes | None = t
+            elif t == b:
+                result = o
+            elif o is None or b is None or t is None:
+                conflicts.append(f"{rel}: " + ("the target has no such file" if o is None
+                                               else "the target has it already, otherwise"
+                                               if b is None else "the target changed it"))
+                continue
+            else:
+                merged = merge(o, b, t, room=self.room)
+                if merged.conflicts:
+                    conflicts.append(f"{rel}: {merged.conflicts} conflict(s) in a 3-way merge")
+                    continue
+                result = merged.data
+                same = merged.settled.count(SAME_POINT)
+                if same:
+                    review.append(f"{home}: upstream inserted lines at the place this patch "
+                                  f"inserts its own ({same}x); the patch's lines were put "
+                                  "first, right after the line they follow")
+                elif merged.settled:
+                    said.append(f"{home}: {len(merged.settled)} insertion(s) next to lines "
+                                "upstream rewrote, kept on their side")
+            if result != o:
+                after[home] = result
+        if conflicts:
+            return "; ".join(conflicts)
+        how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
+        if review:
+            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
+        return _Outcome(MERGED, how, after)
+
+    def moved(self, rel: str, data: bytes) -> tuple[str, bytes] | None:
+        """Where the file `rel` (`data` in the base) went in the target, as git's rename
+        detection finds it among the files of the same name: the most similar one, at
+        least half alike; None when there is none."""
+        name = PurePosixPath(rel).name
+        best: tuple[float, str] | None = None
+        for other in self.lead_files().get(name, []):
+            if other == rel or self.work.get(other) is None:
+                continue
+            score = similarity(data, self.work.get(other) or b"")
+            if score >= 0.5 and (best is None or score > best[0]):
+                best = (score, other)
+        if best is None:
+            return None
+        found = self.work.get(best[1])
+        return (best[1], found) if found is not None else None
+
+    def lead_files(self) -> dict[str, list[str]]:
+        """The target's files by file name."""
+        if self._by_name is None:
+            self._by_name = {}
+            root = self.lead.target.root
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and not path.is_symlink() and ".git" not in path.parts:
+                    rel = path.relative_to(root).as_posix()
+                    self._by_name.setdefault(path.name, []).append(rel)
+        return self._by_name
+
+    def _structure(self, patch: Patch, before_base: dict[str, bytes | None]) -> _Outcome:
+        """The patch carried hunk by hunk where drift follows its code."""
+        with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
+            presult = run.patches[0]
+        drift = self.lead.patch(presult, self.work.files)
+        if any(hr.status == ALREADY for hr in presult.hunks):  # say where the engine found it
+            drift = replace(drift, hunks=tuple(
+                replace(d, reason=f"{d.reason}, at line {hr.line}")
+                if d.status == dm.ALREADY_APPLIED and hr.status == ALREADY and hr.line else d
+                for hr, d in zip(presult.hunks, drift.hunks, strict=False)))
+        return self._decide(patch, drift, before_base)
 
     def _decide(self, patch: Patch, drift: dm.PatchDrift,
                 before_base: dict[str, bytes | None]) -> _Outcome:

@@ -1,0 +1,149 @@
+"""The line merge: git's three-way merge of one file, and what it leaves that text can settle.
+
+`merge3` is `git merge-file` (the merge `git am -3` makes, sealed from the user's
+configuration). git calls two changes a conflict when they touch, even when they do not
+overlap: a line the patch inserts right next to lines upstream rewrote. `settle` resolves
+only those blocks where the order is given by the text itself:
+
+  beside   one side only inserts, at the very start or the very end of the region the
+           other side rewrote: the insertion goes on that side of the rewrite, as the
+           inserting side wrote it (its lines stay next to the line they followed, or
+           before the line they preceded);
+  same-point  both sides only insert, at the same place: the patch's lines go first,
+           right after the line the patch puts them after (the hunk's leading context),
+           then upstream's. The order is a choice, so the caller reports it for review.
+
+Every other conflict stays a conflict: structure (portkit.drift) or a human decides it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkit.errors import PortkitError
+from portkit.proc import git
+
+LABELS = ("target", "base", "series")
+_OURS, _BASE, _SEP, _THEIRS = (b"<<<<<<< " + LABELS[0].encode(), b"||||||| " +
+                               LABELS[1].encode(), b"=======", b">>>>>>> " + LABELS[2].encode())
+
+BESIDE = "beside"
+SAME_POINT = "same-point"
+
+
+def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
+           labels: tuple[str, str, str] = LABELS) -> tuple[bytes, int]:
+    """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict
+    markers, diff3 style, where they conflict) and how many conflicts there are. `room` is a
+    folder to work in (a temporary one by default)."""
+    if room is None:
+        with tempfile.TemporaryDirectory(prefix="portkit-merge-") as tmp:
+            return merge3(ours, base, theirs, room=Path(tmp), labels=labels)
+    for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+        (room / name).write_bytes(data)
+    done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                "ours", "base", "theirs"], cwd=room, check=False, ceiling=room)
+    if done.returncode < 0 or done.returncode > 127:
+        raise PortkitError("git could not merge a file three ways "
+                           f"({done.stderr.strip() or f'exit {done.returncode}'})")
+    return (room / "ours").read_bytes(), done.returncode
+
+
+@dataclass(frozen=True)
+class Merged:
+    """A three-way merge of one file: its bytes, the conflicts left and those settled."""
+
+    data: bytes
+    conflicts: int
+    settled: tuple[str, ...] = ()  # how each settled block was settled (BESIDE, SAME_POINT)
+
+
+def _insertion(base: Sequence[bytes], side: Sequence[bytes]) -> int | None:
+    """Where `side` is `base` with lines inserted at one place and nothing else changed:
+    that place (0 = before everything, len(base) = after everything), else None."""
+    extra = len(side) - len(base)
+    if extra <= 0:
+        return None
+    head = 0
+    while head < len(base) and base[head] == side[head]:
+        head += 1
+    return head if list(side[head + extra:]) == list(base[head:]) else None
+
+
+def _settle_block(ours: list[bytes], base: list[bytes],
+                  theirs: list[bytes]) -> tuple[list[bytes], str] | None:
+    """One conflict block resolved when the text orders it, else None."""
+    mine = _insertion(base, theirs)  # the series (theirs) only inserts
+    upstream = _insertion(base, ours)  # the target (ours) only inserts
+    if not base and mine is not None and upstream is not None:
+        return theirs + ours, SAME_POINT
+    if mine is not None and upstream is None:
+        added = theirs[mine:mine + len(theirs) - len(base)]
+        if mine == 0:
+            return added + ours, BESIDE
+        if mine == len(base):
+            return ours + added, BESIDE
+    if upstream is not None and mine is None:
+        added = ours[upstream:upstream + len(ours) - len(base)]
+        if upstream == 0:
+            return added + theirs, BESIDE
+        if upstream == len(base):
+            return theirs + added, BESIDE
+    return None
+
+
+def settle(merged: bytes) -> Merged:
+    """The conflict blocks of `merged` (merge3's diff3 output) that the text orders,
+    resolved; the others left as they are."""
+    lines = merged.splitlines(keepends=True)
+    out: list[bytes] = []
+    settled: list[str] = []
+    left = 0
+    i = 0
+    while i < len(lines):
+        if lines[i].rstrip(b"\r\n") != _OURS:
+            out.append(lines[i])
+            i += 1
+            continue
+        marks = _block(lines, i)
+        if marks is None:  # not a block merge-file wrote: leave the rest alone
+            out += lines[i:]
+            left += 1
+            break
+        b, s, t = marks
+        ours, base, theirs = lines[i + 1:b], lines[b + 1:s], lines[s + 1:t]
+        done = _settle_block(ours, base, theirs)
+        if done is None:
+            out += lines[i:t + 1]
+            left += 1
+        else:
+            out += done[0]
+            settled.append(done[1])
+        i = t + 1
+    return Merged(b"".join(out), left, tuple(settled))
+
+
+def _block(lines: list[bytes], start: int) -> tuple[int, int, int] | None:
+    """The base, separator and end marker lines of the block opening at `start`."""
+    want = [_BASE, _SEP, _THEIRS]
+    found: list[int] = []
+    for k in range(start + 1, len(lines)):
+        line = lines[k].rstrip(b"\r\n")
+        if line == want[len(found)]:
+            found.append(k)
+            if len(found) == 3:
+                return found[0], found[1], found[2]
+        elif line in (_OURS, *want):
+            return None
+    return None
+
+
+def merge(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None) -> Merged:
+    """The line merge of one file: git's, with the blocks the text orders settled."""
+    data, conflicts = merge3(ours, base, theirs, room=room)
+    if not conflicts:
+        return Merged(data, 0)
+    return settle(data)
