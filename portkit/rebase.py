@@ -278,6 +278,15 @@ class _Outcome:
     conflict: str = ""  # the side file's text (needs-human)
 
 
+@dataclass(frozen=True)
+class _NoText:
+    """Why text does not carry a patch: the files it cannot merge, and those it can."""
+
+    why: str
+    failed: tuple[str, ...]
+    clean: dict[str, bytes | None]
+
+
 def _sub_patch(f: FileDiff, hunks: Sequence[Hunk]) -> Patch:
     """A patch of `hunks` of file `f` alone."""
     old = quote_path("a/" + f.old_path) if f.old_path else "/dev/null"
@@ -303,6 +312,7 @@ class _Carrier:
             folder.mkdir(parents=True)
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
         self._by_name: dict[str, list[str]] | None = None
+        self.left_out_files: dict[str, str] = {}  # a file a left-out patch changes -> it
 
     def carry(self, patch: Patch) -> _Outcome:
         """Patch `patch` carried: by text first (what `git am -3` does), by structure only
@@ -320,23 +330,46 @@ class _Carrier:
         if isinstance(text, _Outcome):
             for rel, data in text.after.items():
                 self.work.put(rel, data)
-            return text
+            return self._after_left_out(patch, text)
         outcome = self._structure(patch, before_base)
         if outcome.status not in (NEEDS_HUMAN, DROPPED, NEEDS_REVIEW):
             outcome = replace(outcome, status=NEEDS_REVIEW, reason=(
-                f"text does not carry it ({text}); {outcome.status} by structure: "
+                f"text does not carry it ({text.why}); {outcome.status} by structure: "
                 f"{outcome.reason}"))
         if outcome.status == NEEDS_HUMAN:
             brings = set(identifiers(h for hk in patch.hunks for h in hk.added))
             for name in brings - self.lead.base.all_words - self.lead.target.all_words:
                 self.left_out.setdefault(name, patch.name)
-        else:
-            for rel, data in outcome.after.items():
-                self.work.put(rel, data)
-        return outcome
+            # What text did carry, it still carries: later patches find those files as the
+            # series leaves them, and only the files left for a human are missing.
+            for rel in text.failed:
+                self.left_out_files.setdefault(rel, patch.name)
+            if text.clean:
+                for rel, data in text.clean.items():
+                    self.work.put(rel, data)
+                kept = ", ".join(sorted(text.clean))
+                outcome = replace(outcome, after=dict(text.clean), reason=(
+                    f"carried in part (only {kept}); left for a human: {outcome.reason}"))
+            return outcome
+        for rel, data in outcome.after.items():
+            self.work.put(rel, data)
+        return self._after_left_out(patch, outcome)
+
+    def _after_left_out(self, patch: Patch, outcome: _Outcome) -> _Outcome:
+        """A patch carried onto a file that an earlier patch, left out, also changes: its
+        result is not the file the series means, and a reviewer is told."""
+        if outcome.status not in (UNCHANGED, MERGED):
+            return outcome
+        before = sorted({f"{rel} ({self.left_out_files[rel]})" for rel in patch.paths
+                         if rel in self.left_out_files})
+        if not before:
+            return outcome
+        return replace(outcome, status=NEEDS_REVIEW, reason=(
+            f"{outcome.reason}; an earlier patch that was left out changes the same file: "
+            + ", ".join(before)))
 
     def _text(self, patch: Patch, before_base: dict[str, bytes | None],
-              theirs: dict[str, bytes | None] | None) -> _Outcome | str:
+              theirs: dict[str, bytes | None] | None) -> _Outcome | _NoText:
         """The patch carried as `git am -3` carries it: `git apply` of the whole patch onto
         the target as the earlier patches left it; failing that, each file it touches
         merged three ways (the target's file, the base's file as the earlier patches left
@@ -353,9 +386,11 @@ class _Carrier:
             return _Outcome(UNCHANGED, "applies as it is",
                             {rel: d for rel, d in applied.items() if d != ours[rel]})
         if theirs is None:
-            return "it does not apply, and not to its own base either"
+            return _NoText("it does not apply, and not to its own base either",
+                           tuple(patch.paths), {})
         after: dict[str, bytes | None] = {}
         conflicts: list[str] = []
+        failed: list[str] = []
         said: list[str] = []
         review: list[str] = []
         for rel in patch.paths:
@@ -374,25 +409,30 @@ class _Carrier:
                 conflicts.append(f"{rel}: " + ("the target has no such file" if o is None
                                                else "the target has it already, otherwise"
                                                if b is None else "the target changed it"))
+                failed.append(rel)
                 continue
             else:
                 merged = merge(o, b, t, room=self.room)
                 if merged.conflicts:
                     conflicts.append(f"{rel}: {merged.conflicts} conflict(s) in a 3-way merge")
+                    failed.append(rel)
                     continue
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
+                beside = len(merged.settled) - same
                 if same:
-                    review.append(f"{home}: upstream inserted lines at the place this patch "
-                                  f"inserts its own ({same}x); the patch's lines were put "
-                                  "first, right after the line they follow")
-                elif merged.settled:
-                    said.append(f"{home}: {len(merged.settled)} insertion(s) next to lines "
-                                "upstream rewrote, kept on their side")
+                    review.append(f"{home}: upstream inserted lines where this patch inserts "
+                                  f"its own ({same}x): the patch's lines were put first, "
+                                  "right after the line they follow")
+                if beside:
+                    review.append(f"{home}: git's merge stops at {beside} insertion(s) right "
+                                  "next to lines upstream rewrote: each was kept on its side "
+                                  "of them")
             if result != o:
                 after[home] = result
         if conflicts:
-            return "; ".join(conflicts)
+            return _NoText("; ".join(conflicts), tuple(failed),
+                           {} if review else after)
         how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
         if review:
             return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
@@ -749,7 +789,8 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         for patch in series.patches:
             had = dict(carrier.work.files)
             outcome = carrier.carry(patch)
-            if outcome.status in (DROPPED, NEEDS_HUMAN):
+            if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
+                                             and not outcome.after):
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
                     if outcome.status == NEEDS_HUMAN else None
                 if name is not None:
@@ -771,8 +812,12 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                                          None))
                 continue
             carried.append(_written(patch, diff, series.conventions))
+            name = None
+            if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
+                side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
             rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
-                                     patch.name))
+                                     patch.name, name))
         changed = {rel: data for rel, data in carrier.work.files.items()
                    if data != carrier.work.original(rel)}
     report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
