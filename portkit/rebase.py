@@ -416,6 +416,8 @@ class _Carrier:
                 if merged.conflicts:
                     conflicts.append(f"{rel}: {merged.conflicts} conflict(s) in a 3-way merge")
                     failed.append(rel)
+                    if merged.carried != o:  # what did merge, for the view of later patches
+                        after[home] = merged.carried
                     continue
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
@@ -431,8 +433,7 @@ class _Carrier:
             if result != o:
                 after[home] = result
         if conflicts:
-            return _NoText("; ".join(conflicts), tuple(failed),
-                           {} if review else after)
+            return _NoText("; ".join(conflicts), tuple(failed), after)
         how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
         if review:
             return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
