@@ -345,9 +345,12 @@ def _git_fetch_error(what: str, exc: git.GitCommandError) -> SpecError | FetchEr
     """A failed clone or fetch: SpecError when the repository or revision does not exist,
     FetchError when the network or the remote did not answer."""
     said = f"{exc.stderr or ''} {exc}"
+    lines = [ln.strip().removeprefix("stderr:").strip(" '\"").removeprefix("fatal: ")
+             for ln in str(exc.stderr or "").splitlines()]
+    last = next((ln for ln in reversed(lines) if ln), _last_line(exc))
     if _GIT_NO_SUCH.search(said):
-        return SpecError(f"{what}: {_last_line(exc)}")
-    return FetchError(f"{what}: {_last_line(exc)}")
+        return SpecError(f"{what}: {last}")
+    return FetchError(f"{what}: {last}")
 
 
 def _last_line(exc: Exception) -> str:

@@ -372,3 +372,20 @@ def test_a_checksum_mismatch_is_8(tmp_path):
     one_line(run, errors.ChecksumError.exit_code, "checksum mismatch for "
                                                   "llama_cpp_python-9.9.8.tar.gz: got ")
     assert run.returncode == 8 and not unlisted.exists()
+
+
+def test_a_git_spec_naming_nothing_is_9_and_an_unreachable_remote_15(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    cache = tmp_path / "cache"
+    run = portkit("tree", "fetch", f"git:{tmp_path}/missing@abc", cache=cache)
+    one_line(run, errors.SpecError.exit_code, f"cannot fetch abc from {tmp_path}/missing: "
+                                              f"repository '{tmp_path}/missing' does not exist")
+    run = portkit("tree", "fetch", f"git:{repo}@no-such-rev", cache=cache)
+    one_line(run, errors.SpecError.exit_code, f"cannot fetch no-such-rev from {repo}: no such "
+                                              "revision")
+    run = portkit("tree", "fetch", "git:http://127.0.0.1:9/x.git@abc", cache=cache)
+    one_line(run, errors.FetchError.exit_code, "cannot fetch abc from http://127.0.0.1:9/x.git: ")
+    assert run.returncode == 15
