@@ -37,7 +37,7 @@ from typing import Any
 
 from tree_sitter import Node
 
-from portkit.errors import AnchorError, PortkitError
+from portkit.errors import AnchorError, SpecError
 from portkit.index import (
     CLASS,
     DECLARATION,
@@ -170,7 +170,7 @@ class AnchorSet:
         for spec in self.anchors:
             if spec.id == anchor_id:
                 return spec
-        raise PortkitError(f"{self.source.name}: no anchor named {anchor_id}")
+        raise SpecError(f"{self.source.name}: no anchor named {anchor_id}")
 
     def patterns(self) -> list[str]:
         return sorted({*self.files, *(f for a in self.anchors for f in a.files)})
@@ -179,13 +179,13 @@ class AnchorSet:
 def _point(name: str, raw: dict[str, Any], where: str) -> PointSpec:
     unknown = set(raw) - _POINT_KEYS
     if unknown:
-        raise PortkitError(f"{where}: point {name}: unknown key {sorted(unknown)[0]}")
+        raise SpecError(f"{where}: point {name}: unknown key {sorted(unknown)[0]}")
     spec = PointSpec(name=name, **raw)
     if sum(x is not None for x in (spec.before, spec.after, spec.after_param, spec.at)) != 1:
-        raise PortkitError(
+        raise SpecError(
             f"{where}: point {name}: give exactly one of before, after, after_param, at")
     if spec.at not in (None, "body-start", "body-end"):
-        raise PortkitError(f"{where}: point {name}: at must be body-start or body-end")
+        raise SpecError(f"{where}: point {name}: at must be body-start or body-end")
     return spec
 
 
@@ -194,23 +194,23 @@ def load_anchor_set(path: Path) -> AnchorSet:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PortkitError(f"cannot read anchor specs {path}: {exc}") from exc
+        raise SpecError(f"cannot read anchor specs {path}: {exc}") from exc
     feature = data.get("feature", {})
     anchors: list[AnchorSpec] = []
     for raw in data.get("anchor", []):
         where = f"{path.name}: anchor {raw.get('id', '?')}"
         unknown = set(raw) - _ANCHOR_KEYS
         if unknown:
-            raise PortkitError(f"{where}: unknown key {sorted(unknown)[0]}")
+            raise SpecError(f"{where}: unknown key {sorted(unknown)[0]}")
         if raw.get("what") not in _KINDS or not raw.get("id") or not raw.get("name"):
-            raise PortkitError(f"{where}: needs id, name and what (one of {sorted(_KINDS)})")
+            raise SpecError(f"{where}: needs id, name and what (one of {sorted(_KINDS)})")
         points = tuple(_point(n, p, where) for n, p in raw.pop("points", {}).items())
         tuples = {k: tuple(v) for k, v in raw.items() if isinstance(v, list)}
         anchors.append(AnchorSpec(**{**raw, **tuples, "points": points}))
     ids = [a.id for a in anchors]
     if len(ids) != len(set(ids)):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise PortkitError(f"{path.name}: anchor {dup} is defined twice")
+        raise SpecError(f"{path.name}: anchor {dup} is defined twice")
     return AnchorSet(feature.get("name", path.parent.name), tuple(feature.get("files", ())),
                      tuple(anchors), path)
 
@@ -260,7 +260,7 @@ class Resolution:
 
     def point(self, name: str) -> Point:
         if name not in self.points:
-            raise PortkitError(f"anchor {self.spec.id} has no point {name}")
+            raise SpecError(f"anchor {self.spec.id} has no point {name}")
         return self.points[name]
 
     def as_json(self) -> dict[str, Any]:

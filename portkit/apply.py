@@ -101,7 +101,7 @@ def _conflict(name: str, text: bytes, stderr: str, reverse: bool) -> PortkitErro
         last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
         if "does not apply" in stderr or "No such file" in stderr or "already exists" in stderr:
             return ApplyConflict(f"patch {name} does not apply: {last.removeprefix('error: ')}")
-        return PortkitError(f"git apply failed on patch {name}: {last}")
+        return ApplyConflict(f"git apply failed on patch {name}: {last}")
     path, line = failed.group(1), int(failed.group(2))
     hunk = "a hunk"
     try:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from portkit.errors import PortkitError
+from portkit.errors import FetchError, SpecError, ToolFailed
 from portkit.proc import run
 
 # Prefixes of the scratch folders portkit makes inside the cache; anything else is left alone.
@@ -186,15 +186,38 @@ def publish(ready: Path, dest: Path) -> Path:
 
 def pip_download(args: Sequence[str], into: Path, what: str) -> None:
     """`pip download ARGS -d INTO`, saying what is downloaded. On a terminal pip's own
-    progress bar shows; elsewhere pip is quiet and its last line is the error, if any."""
+    progress bar shows; elsewhere pip is quiet and its last line is the error, if any.
+    A failure is a SpecError when the index has no such distribution, a FetchError when the
+    index did not answer, else a ToolFailed (docs/exit-codes.md)."""
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", *args, "-d", str(into)]
     note(f"downloading {what}")
     if not sys.stderr.isatty():
-        run([*argv, "--quiet"])
-        return
-    # pip draws its progress bar on its stdout; send it to our stderr so that our stdout
-    # stays the command's answer (e.g. the path that `tree fetch` prints).
-    code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
-                          check=False).returncode
+        proc = run([*argv, "--quiet"], check=False)
+        code, said = proc.returncode, proc.stderr or ""
+    else:
+        # pip draws its progress bar on its stdout; send it to our stderr so that our stdout
+        # stays the command's answer (e.g. the path that `tree fetch` prints).
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                              stderr=subprocess.PIPE, text=True, check=False)
+        code, said = done.returncode, done.stderr or ""
+        sys.stderr.write(said)
     if code != 0:
-        raise PortkitError(f"pip download of {what} failed (exit {code}; pip's message is above)")
+        raise pip_failure(what, code, said)
+
+
+# pip's words for an index that did not answer (it retries, warning each time, then says it
+# found no matching distribution, as it does for one that does not exist).
+_PIP_UNREACHABLE = ("Retrying (", "connection broken", "NewConnectionError",
+                    "Could not fetch URL", "ConnectTimeout", "ReadTimeout")
+
+
+def pip_failure(what: str, code: int, said: str) -> SpecError | FetchError | ToolFailed:
+    """The error for a `pip download` of `what` that exited `code` saying `said`."""
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+    last = lines[-1].removeprefix("ERROR: ") if lines else f"exit {code}"
+    if any(word in said for word in _PIP_UNREACHABLE):
+        return FetchError(f"cannot download {what}: the package index did not answer "
+                          f"(pip: {last})")
+    if "No matching distribution found" in said:
+        return SpecError(f"{what}: no such distribution on the package index (pip: {last})")
+    return ToolFailed(f"pip download of {what} failed (exit {code}): {last}")

@@ -53,7 +53,7 @@ from portkit.drift_model import (
     SemanticChange,
     TargetDrift,
 )
-from portkit.errors import PortkitError
+from portkit.errors import ApplyConflict, PortkitError, UsageError
 from portkit.features import Feature, templates_root
 from portkit.hunks import ALREADY, PatchResult, apply_hunks
 from portkit.hunks import CLEAN as H_CLEAN
@@ -256,7 +256,7 @@ def reversed_base(series: Series, tree: Tree) -> Iterator[Path]:
     with tree_view(tree) as view, apply_hunks(series, view, reverse=True, exact=True) as back:
         if not back.ok:
             first = next(h for h in back.hunks if not h.landed)
-            raise PortkitError(f"the series does not come out of {tree.root} cleanly "
+            raise ApplyConflict(f"the series does not come out of {tree.root} cleanly "
                                f"({first.patch}: {first.describe()}); give the base with --base")
         with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
             base = Path(tmp)
@@ -1050,7 +1050,7 @@ def drift(job: DriftInput, fork: Tree | None = None) -> DriftReport:
     """Run drift for every target; the base is `job.base`, or `fork` with the series out."""
     patterns = _patterns(job.series)
     if job.base is None and fork is None:
-        raise PortkitError("drift needs the tree the series was written against (--base)")
+        raise UsageError("drift needs the tree the series was written against (--base)")
     feature = feature_of(job.series)
     with _base_root(job, fork) as (base_root, base_pin):
         base = Side("base", base_root, patterns, base_pin)
@@ -1152,7 +1152,7 @@ def follow(series: Series, base: Tree | None, target: Tree, label: str,
            fork: Tree | None = None) -> Iterator[Follow]:
     """A Follow of `series` on `target`; the base is `base`, or `fork` with the series out."""
     if base is None and fork is None:
-        raise PortkitError("the tree the series was written against is needed (--base)")
+        raise UsageError("the tree the series was written against is needed (--base)")
     patterns = _patterns(series)
     feature = feature_of(series)
     upstream = _upstream(feature, target) if feature else {}

@@ -42,7 +42,7 @@ from portkit.drift_model import (
     failing_statuses,
     needs_attention,
 )
-from portkit.errors import PortkitError
+from portkit.errors import UsageError
 
 FailOn = frozenset[str]
 
@@ -102,7 +102,7 @@ def render(report: DriftReport, fmt: str, fail_on: FailOn) -> str:
         "matrix-html": lambda: matrix_html(report, fail_on=fail_on),
     }
     if fmt not in writers:
-        raise PortkitError(f"unknown drift format {fmt!r}; one of {', '.join(FORMATS)}")
+        raise UsageError(f"unknown drift format {fmt!r}; one of {', '.join(FORMATS)}")
     return writers[fmt]()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from portkit.errors import PortkitError
+from portkit.errors import InputError, PortkitError, UsageError
 
 SCHEMA = "portkit-drift/1"
 
@@ -208,7 +208,7 @@ class DriftReport:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise PortkitError(f"drift report: not JSON ({exc})") from None
+            raise InputError(f"drift report: not JSON ({exc})") from None
         return _read_report(data)
 
 
@@ -220,10 +220,10 @@ def parse_fail_on(values: Iterable[str]) -> frozenset[str]:
         return DEFAULT_FAIL_ON
     unknown = sorted(chosen - set(FAIL_ON_CHOICES))
     if unknown:
-        raise PortkitError(f"--fail-on: {_one_of(unknown[0], FAIL_ON_CHOICES)}")
+        raise UsageError(f"--fail-on: {_one_of(unknown[0], FAIL_ON_CHOICES)}")
     if "never" in chosen:
         if len(chosen) > 1:
-            raise PortkitError("--fail-on never cannot be combined with other values")
+            raise UsageError("--fail-on never cannot be combined with other values")
         return frozenset()
     return chosen
 
@@ -323,11 +323,11 @@ class _Obj:
         try:
             return make(**fields)
         except ValueError as exc:
-            raise PortkitError(f"drift report: {self.where}.{exc}") from None
+            raise InputError(f"drift report: {self.where}.{exc}") from None
 
 
 def _bad(where: str, message: str) -> PortkitError:
-    return PortkitError(": ".join(part for part in ("drift report", where, message) if part))
+    return InputError(": ".join(part for part in ("drift report", where, message) if part))
 
 
 def _kind(value: Any) -> str:

@@ -1,6 +1,8 @@
 """The one way portkit reports a failure: a PortkitError carries a one-line message and the
-exit code of its kind. The table of codes is docs/exit-codes.md; cli.fails_cleanly prints
-them. Exit code 70 is kept for bugs in portkit (an exception that is not a PortkitError).
+exit code of its kind. The table of codes is docs/exit-codes.md; commands.common.exit_for
+prints them. Every failure is raised as one of the subclasses below, never as PortkitError
+itself: exit code 70 is kept for bugs in portkit (an exception that is not a PortkitError, or
+a PortkitError raised without a kind), and no failure exits 1 (tests/test_exit_codes.py).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ import signal
 
 
 class PortkitError(Exception):
-    """A user-facing failure. The CLI prints `portkit: <message>` and exits non-zero."""
+    """A user-facing failure. The CLI prints `portkit: <message>` and exits non-zero. Raise
+    one of its subclasses: a PortkitError without a kind is a bug (exit 70)."""
 
-    exit_code = 1
+    exit_code = 70
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -56,13 +59,15 @@ class BusyError(PortkitError):
 
 
 class ChecksumError(PortkitError):
-    """A download does not have the checksum it must have."""
+    """A download does not have the checksum it must have (or is truncated, or lacks the
+    file it must hold)."""
 
     exit_code = 8
 
 
 class SpecError(PortkitError):
-    """A tree spec, feature, anchor set or manifest is malformed or unknown."""
+    """A tree spec, feature, anchor set, manifest or model is malformed or unknown, or names
+    something that does not exist (a PyPI version, a git revision or repository)."""
 
     exit_code = 9
 
@@ -74,13 +79,49 @@ class BuildError(PortkitError):
 
 
 class ToolMissing(PortkitError):
-    """A step needs a program (git, GNU patch) that is not on PATH."""
+    """A step needs a program (git, GNU patch, cmake, a C++ compiler) that is not on PATH, or
+    a system file that is not installed."""
 
     exit_code = 11
 
 
 class GitMissing(ToolMissing):
     """A step needs the git program and there is none on PATH."""
+
+
+class InputError(PortkitError):
+    """An input portkit was given (a --series folder or a patch in it, a saved drift report, a
+    tree path, a model file) does not exist, cannot be read, or is not what it must be."""
+
+    exit_code = 12
+
+
+class FileError(PortkitError):
+    """Reading or writing a file failed for a reason of the system's (an OSError portkit did
+    not expect: no space left, permission denied, a file that vanished)."""
+
+    exit_code = 13
+
+
+class ToolFailed(PortkitError):
+    """A program portkit runs (git, GNU patch, pip, the validation harness) failed in a way
+    that says nothing about the tree or the series."""
+
+    exit_code = 14
+
+
+class FetchError(PortkitError):
+    """A download or a fetch failed because the network, the index or the remote did not
+    answer (try again later); a thing that does not exist is a SpecError."""
+
+    exit_code = 15
+
+
+class ValidationFailed(PortkitError):
+    """`validate` ran to the end and a check fails (the report says which): a verdict on the
+    port, like drift's 20, not a failure to run."""
+
+    exit_code = 21
 
 
 class Interrupted(PortkitError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from portkit.anchors import AnchorSet, Resolution, load_anchor_set, resolve_all
-from portkit.errors import PortkitError
+from portkit.errors import SpecError, TreeError
 from portkit.index import Index
 from portkit.manifest import Manifest, Validation, load_manifest
 from portkit.tree import Tree
@@ -41,7 +41,7 @@ def feature_dir(feature: str, templates: Path | None = None) -> Path:
     path = root / feature
     if not (path / "anchors.toml").is_file():
         known = sorted(p.parent.name for p in root.glob("*/anchors.toml"))
-        raise PortkitError(f"unknown feature {feature!r} (known: {', '.join(known) or 'none'})")
+        raise SpecError(f"unknown feature {feature!r} (known: {', '.join(known) or 'none'})")
     return path
 
 
@@ -69,7 +69,7 @@ class Feature:
     @property
     def validation(self) -> Validation:
         if self.manifest.validation is None:
-            raise PortkitError(f"feature {self.name} says nothing about how to validate it "
+            raise SpecError(f"feature {self.name} says nothing about how to validate it "
                                f"(no [validation] in {self.folder / 'manifest.toml'})")
         return self.manifest.validation
 
@@ -77,7 +77,7 @@ class Feature:
         """Index the files the feature's anchors look at, and resolve every anchor."""
         index = Index.build(tree.llama_root, self.anchor_set.patterns())
         if not index.files:
-            raise PortkitError(f"no source files of feature {self.name} under {tree.llama_root}")
+            raise TreeError(f"no source files of feature {self.name} under {tree.llama_root}")
         return Resolved(tree, index, resolve_all(index, self.anchor_set))
 
     def harness(self) -> Path | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 
-from portkit.errors import PortkitError, ToolMissing
+from portkit.errors import InputError, ToolFailed, ToolMissing
 from portkit.series import FileDiff, Hunk, Patch, Series, quote_path
 from portkit.transaction import checkpoint
 
@@ -160,7 +160,7 @@ def _refuse_unsafe_paths(patch: Patch) -> None:
                 continue
             pure = PurePosixPath(path)
             if pure.is_absolute() or ".." in pure.parts or "\0" in path:
-                raise PortkitError(f"{patch.name}: refusing the path {path!r} "
+                raise InputError(f"{patch.name}: refusing the path {path!r} "
                                    "(absolute or with ..)")
 
 
@@ -195,7 +195,7 @@ def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
     if proc.returncode not in (0, 1, 2) or (proc.returncode == 2 and trouble):
         # GNU patch itself failed (a full disk, a signal): not a verdict on any hunk
         last = trouble or next((ln for ln in reversed(lines) if ln.strip()), "")
-        raise PortkitError(f"GNU patch failed (exit {proc.returncode}): {last}")
+        raise ToolFailed(f"GNU patch failed (exit {proc.returncode}): {last}")
     return proc.returncode, lines
 
 

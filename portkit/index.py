@@ -35,7 +35,7 @@ import tree_sitter_cpp
 from tree_sitter import Language, Node, Parser, Point, Range, Tree
 
 from portkit.cache import cache_dir
-from portkit.errors import PortkitError
+from portkit.errors import TreeError
 
 INDEX_FORMAT = 6
 
@@ -609,7 +609,7 @@ class Index:
         enum's enumerator at file scope with itself). None for a line between definitions.
         """
         if file not in self.files:
-            raise PortkitError(f"{file} is not in the index of {self.root}")
+            raise TreeError(f"{file} is not in the index of {self.root}")
         holding = sorted((s for s in self.files[file].symbols
                           if s.start_line <= line <= s.end_line),
                          key=lambda s: s.end_byte - s.start_byte)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from portkit.errors import PortkitError
+from portkit.errors import SpecError
 
 SYMBOL_PLACES = ("before-symbol", "after-symbol")
 
@@ -76,12 +76,12 @@ class Manifest:
 def _edit(raw: dict[str, Any], where: str) -> EditSpec:
     unknown = set(raw) - {"anchor", "where", "fragment", "text", "replace", "vars"}
     if unknown:
-        raise PortkitError(f"{where}: unknown key {sorted(unknown)[0]}")
+        raise SpecError(f"{where}: unknown key {sorted(unknown)[0]}")
     edit = EditSpec(**raw)
     if sum(x is not None for x in (edit.fragment, edit.text, edit.replace)) != 1:
-        raise PortkitError(f"{where}: give exactly one of fragment, text, replace")
+        raise SpecError(f"{where}: give exactly one of fragment, text, replace")
     if edit.replace is not None and set(edit.replace) != {"old", "new"}:
-        raise PortkitError(f"{where}: replace needs old and new")
+        raise SpecError(f"{where}: replace needs old and new")
     return edit
 
 
@@ -90,7 +90,7 @@ def load_manifest(folder: Path) -> Manifest:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PortkitError(f"cannot read {path}: {exc}") from exc
+        raise SpecError(f"cannot read {path}: {exc}") from exc
     feature = data.get("feature", {})
     variables = {
         name: tuple(VarChoice(**c) for c in spec.get("choose", []))
@@ -105,7 +105,7 @@ def load_manifest(folder: Path) -> Manifest:
                                  conditions, raw.get("requires")))
         for edit in edits:
             if edit.fragment and not (folder / "fragments" / edit.fragment).is_file():
-                raise PortkitError(f"{where}: no fragment {edit.fragment}")
+                raise SpecError(f"{where}: no fragment {edit.fragment}")
     return Manifest(
         feature.get("name", folder.name), feature.get("title", folder.name),
         feature.get("upstream", ""), feature.get("author", "portkit <portkit@localhost>"),
@@ -118,14 +118,14 @@ def _validation(raw: Any, folder: Path, where: str) -> Validation | None:
         return None
     known = {"checks", "harness", "reference", "published", "broken_blank"}
     if not isinstance(raw, dict) or not isinstance(raw.get("checks"), str) or set(raw) - known:
-        raise PortkitError(f"{where}: [validation] needs `checks` and takes only "
+        raise SpecError(f"{where}: [validation] needs `checks` and takes only "
                            f"{', '.join(sorted(known))}")
     validation = Validation(raw["checks"], raw.get("harness"), raw.get("reference"),
                             raw.get("published"), tuple(raw.get("broken_blank", ())))
     for name in filter(None, (validation.harness, validation.published)):
         if not (folder / name).is_file():
-            raise PortkitError(f"{where}: [validation] names {name}, which is not in {folder}")
+            raise SpecError(f"{where}: [validation] names {name}, which is not in {folder}")
     for name in validation.broken_blank:
         if not (folder / "fragments" / name).is_file():
-            raise PortkitError(f"{where}: [validation] broken_blank names no fragment {name}")
+            raise SpecError(f"{where}: [validation] broken_blank names no fragment {name}")
     return validation

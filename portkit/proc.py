@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from portkit.errors import GitMissing, PortkitError
+from portkit.errors import GitMissing, ToolFailed, ToolMissing
 from portkit.transaction import checkpoint
 
 # Settings that decide the bytes git reads and writes, or what it may run on its own:
@@ -51,10 +51,10 @@ def run(
     except FileNotFoundError as exc:
         if Path(argv[0]).name == "git":
             raise GitMissing("git not found: install git, or put it on PATH") from exc
-        raise PortkitError(f"command not found: {argv[0]}") from exc
+        raise ToolMissing(f"command not found: {argv[0]}") from exc
     proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        raise PortkitError(f"{name} failed (exit {proc.returncode}): {last_line(proc)}")
+        raise ToolFailed(f"{name} failed (exit {proc.returncode}): {last_line(proc)}")
     return proc
 
 

@@ -53,7 +53,7 @@ from portkit import drift_model as dm
 from portkit.apply import refuse_uncommitted
 from portkit.cache import lay_down
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
-from portkit.errors import PortkitError, UsageError
+from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.merge import SAME_POINT, merge, merge3
 from portkit.proc import git, run
@@ -938,7 +938,7 @@ def read_filter(path: Path) -> list[Rule]:
         word, _, pattern = line.partition(" ")
         word = word.rstrip(",")
         if word not in _RULE_WORDS or not pattern.strip():
-            raise PortkitError(f"{path}:{number}: portkit does not read the rsync rule "
+            raise TreeError(f"{path}:{number}: portkit does not read the rsync rule "
                                f"{line!r} (only include, exclude, protect, risk, show, hide)")
         rules.append(Rule(_RULE_WORDS[word], pattern.strip()))
     return rules
@@ -1016,7 +1016,7 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
         raise UsageError(f"{fork.root} is not an ollama-style fork with llama/patches "
                          "(give the series with --series)")
     if target.pin is None or not re.fullmatch(r"[0-9a-fA-F]{7,40}", target.pin):
-        raise PortkitError(f"the commit of {target.root} is not known: the fork's pin cannot "
+        raise TreeError(f"the commit of {target.root} is not known: the fork's pin cannot "
                            "be moved to it (give a git target)")
     series = read_series(fork.series_dir)
     rebased = rebase(series, target, base=base, fork=None if base else fork,
@@ -1075,7 +1075,7 @@ def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
     if sync.is_file():
         text = sync.read_text()
         if not _FETCH_HEAD.search(text):
-            raise PortkitError(f"{sync} has no FETCH_HEAD line to move")
+            raise TreeError(f"{sync} has no FETCH_HEAD line to move")
         out.append(Write("Makefile.sync", _FETCH_HEAD.sub(
             lambda m: m.group(1) + pin + m.group(3), text, count=1).encode()))
     info = fork.root / "llama" / "build-info.cpp"
@@ -1093,7 +1093,7 @@ def move_fork(move: ForkMove) -> str | None:
     failure anywhere leaves the fork as it was. Returns what the lock's settling said (a
     roll-back of an earlier, killed portkit), if anything."""
     if move.blocked:
-        raise PortkitError(f"{len(move.blocked)} patch(es) need a human "
+        raise ApplyConflict(f"{len(move.blocked)} patch(es) need a human "
                            f"({', '.join(p.file for p in move.blocked)}): the fork is not moved")
     root = move.fork.root
     refuse_uncommitted(root, [c.rel for c in move.changes])
@@ -1129,7 +1129,7 @@ def compile_errors(root: Path, unit: str) -> list[CompileError]:
     c = unit.endswith(".c")
     compiler = shutil.which("cc" if c else "c++")
     if compiler is None:
-        raise PortkitError("no C/C++ compiler (apt-get install g++)")
+        raise ToolMissing("no C/C++ compiler (apt-get install g++)")
     flags = ["-std=gnu11"] if c else ["-std=gnu++17"]
     includes = [f"-I{d}" for d in INCLUDE_DIRS if (root / d).is_dir()]
     done = run([compiler, *flags, "-fsyntax-only", "-w", "-fmax-errors=20",

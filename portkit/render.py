@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from portkit.anchors import Resolution
-from portkit.errors import AnchorError, PortkitError
+from portkit.errors import AnchorError, SpecError
 from portkit.features import Feature, Resolved, feature_dir, resolve_feature
 from portkit.index import Index, flat
 from portkit.manifest import Condition, EditSpec, Manifest, PatchSpec, load_manifest
@@ -129,7 +129,7 @@ class _Renderer:
 
     def resolution(self, anchor_id: str) -> Resolution:
         if anchor_id not in self.res:
-            raise PortkitError(f"{self.manifest.feature}: the manifest names an unknown anchor "
+            raise SpecError(f"{self.manifest.feature}: the manifest names an unknown anchor "
                                f"{anchor_id}")
         res = self.res[anchor_id]
         if res.status == "error":
@@ -148,7 +148,7 @@ class _Renderer:
                     out[name] = choice.value.replace("{name}", res.symbol.name)
                     break
             else:
-                raise PortkitError(f"{self.manifest.feature}: no value of {name} fits this tree")
+                raise AnchorError(f"{self.manifest.feature}: no value of {name} fits this tree")
         return out
 
     def holds(self, cond: Condition) -> bool:
@@ -248,7 +248,7 @@ class _Renderer:
         out, cursor = [], 0
         for s in sorted(splices, key=lambda s: (s.start, s.order)):
             if s.start < cursor:
-                raise PortkitError(f"{rel}: two edits overlap at byte {s.start}")
+                raise SpecError(f"{rel}: two edits overlap at byte {s.start}")
             out += [src[cursor : s.start], s.text.encode()]
             cursor = s.start if s.end < 0 else s.end
         out.append(src[cursor:])

@@ -26,7 +26,7 @@ from unidiff.errors import UnidiffParseError
 from unidiff.patch import Hunk as UnidiffHunk
 from unidiff.patch import PatchedFile, PatchSet
 
-from portkit.errors import PortkitError
+from portkit.errors import InputError, PortkitError, ToolFailed
 from portkit.proc import git
 
 ZERO_COMMIT = "0" * 40
@@ -214,13 +214,13 @@ def read_series(path: Path) -> Series:
     if path.is_file() and path.name == "series":
         path = path.parent
     if not path.is_dir():
-        raise PortkitError(f"{path}: not a patch series folder")
+        raise InputError(f"{path}: not a patch series folder")
     listing = path / "series"
     if listing.is_file():
         try:
             series_file = listing.read_bytes()
         except OSError as exc:
-            raise PortkitError(f"{listing}: cannot read it ({exc.strerror})") from exc
+            raise InputError(f"{listing}: cannot read it ({exc.strerror})") from exc
         entries = _quilt_entries(listing, series_file)
         patches = tuple(_read_patch(path, name, strip) for name, strip in entries)
         kind: Kind = "quilt"
@@ -230,11 +230,11 @@ def read_series(path: Path) -> Series:
             files = sorted(p for p in path.iterdir()
                            if p.is_file() and p.suffix in PATCH_SUFFIXES)
         except OSError as exc:
-            raise PortkitError(f"{path}: cannot list it ({exc.strerror})") from exc
+            raise InputError(f"{path}: cannot list it ({exc.strerror})") from exc
         patches = tuple(_read_patch(path, p.name, 1) for p in files)
         kind = "format-patch" if any(p.is_mail for p in patches) else "plain"
     if not patches:
-        raise PortkitError(f"{path}: no patches in it")
+        raise InputError(f"{path}: no patches in it")
     return Series(path, kind, patches, detect_conventions(patches), series_file)
 
 
@@ -243,7 +243,7 @@ def _read_patch(folder: Path, name: str, strip: int) -> Patch:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise PortkitError(f"{path}: cannot read it ({exc.strerror})") from exc
+        raise InputError(f"{path}: cannot read it ({exc.strerror})") from exc
     return parse_patch(name, data, strip=strip, where=str(path))
 
 
@@ -266,15 +266,15 @@ def _quilt_entries(listing: Path, data: bytes) -> list[tuple[str, int]]:
     try:
         entries = _quilt_names(data)
     except ValueError as exc:
-        raise PortkitError(f"{listing}: unsupported option {exc.args[0]}") from exc
+        raise InputError(f"{listing}: unsupported option {exc.args[0]}") from exc
     folder = listing.parent.resolve()
     for name, _ in entries:
         pure = PurePosixPath(name)
         if pure.is_absolute() or ".." in pure.parts or not (folder / name).resolve(
                 ).is_relative_to(folder):
-            raise PortkitError(f"{listing}: {name} is outside the series folder")
+            raise InputError(f"{listing}: {name} is outside the series folder")
         if not (folder / name).is_file():
-            raise PortkitError(f"{listing}: {name} does not exist")
+            raise InputError(f"{listing}: {name} does not exist")
     return entries
 
 
@@ -283,7 +283,7 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
     where = where or name
     text = data.decode("utf-8", "surrogateescape")
     if not text.strip():
-        raise PortkitError(f"{where}: empty patch")
+        raise InputError(f"{where}: empty patch")
     ends = text.count("\n")
     crlf = ends > 0 and text.count("\r\n") == ends
     if crlf:
@@ -291,11 +291,11 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
     lines = _lines(text)
     start = _diff_start(lines)
     if start is None:
-        raise PortkitError(f"{where}: no diff in it (not a patch)")
+        raise InputError(f"{where}: no diff in it (not a patch)")
     diff_lines = lines[start:]
     patchset, cut = _parse_diff(where, diff_lines)
     if not patchset:
-        raise PortkitError(f"{where}: no diff in it (not a patch)")
+        raise InputError(f"{where}: no diff in it (not a patch)")
     head = _read_head(lines[:start])
     files = tuple(_file_diff(where, f, strip, diff_lines[:cut], offset)
                   for f, offset in zip(patchset, _hunk_offsets(patchset), strict=True))
@@ -337,7 +337,7 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
         return PatchSet("".join(lines)), len(lines)
     except UnidiffParseError as exc:
         detail = str(exc).strip().split("\n")[0]
-        raise PortkitError(f"{where}: malformed diff ({detail})") from exc
+        raise InputError(f"{where}: malformed diff ({detail})") from exc
 
 
 def _hunk_offsets(patchset: PatchSet) -> list[int]:
@@ -354,7 +354,7 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
     old = _tree_path(where, f.source_file, strip)
     new = _tree_path(where, f.target_file, strip)
     if old is None and new is None:
-        raise PortkitError(f"{where}: a diff from /dev/null to /dev/null")
+        raise InputError(f"{where}: a diff from /dev/null to /dev/null")
     info = list(f.patch_info or [])
     git = bool(info) and info[0].startswith("diff --git ")
     if not git and old and new and old != new:
@@ -386,10 +386,10 @@ def _tree_path(where: str, name: str, strip: int) -> str | None:
     for _ in range(strip):
         m = re.match(r"[^/]*/+", path)
         if not m:
-            raise PortkitError(f"{where}: cannot strip {strip} components from {name}")
+            raise InputError(f"{where}: cannot strip {strip} components from {name}")
         path = path[m.end():]
     if not path:
-        raise PortkitError(f"{where}: {name} names no file")
+        raise InputError(f"{where}: {name} names no file")
     return path
 
 
@@ -655,7 +655,7 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 def git_date(when: datetime) -> str:
     """A date as git writes it in a mail (RFC 2822, day not zero-padded, C locale names)."""
     if when.tzinfo is None:
-        raise PortkitError("a patch date needs a time zone")
+        raise InputError("a patch date needs a time zone")
     return (f"{_DAYS[when.weekday()]}, {when.day} {_MONTHS[when.month - 1]} {when.year} "
             f"{when:%H:%M:%S %z}")
 
@@ -683,7 +683,7 @@ def split_author(author: str) -> tuple[str, str]:
     comma: git's `%an <%ae>` does not quote it)."""
     m = re.fullmatch(r"\s*(.*?)\s*<([^<>]+)>\s*", author)
     if not m:
-        raise PortkitError(f"author {author!r} is not 'Name <email>'")
+        raise InputError(f"author {author!r} is not 'Name <email>'")
     name = m.group(1)
     if len(name) >= 2 and name[0] == name[-1] == '"':
         name = re.sub(r"\\(.)", r"\1", name[1:-1])
@@ -781,11 +781,11 @@ def diffstat(diff: str) -> str:
     try:
         files = parse_patch("diff", diff.encode("utf-8", "surrogateescape")).files
     except PortkitError as exc:
-        raise PortkitError(f"cannot write a diffstat: {exc.message}") from exc
+        raise InputError(f"cannot write a diffstat: {exc.message}") from exc
     rows = []
     for f in files:
         if f.binary:
-            raise PortkitError(f"{f.path}: cannot write a diffstat line for a binary patch")
+            raise InputError(f"{f.path}: cannot write a diffstat line for a binary patch")
         rows.append((_stat_name(f), sum(len(h.added) for h in f.hunks),
                      sum(len(h.removed) for h in f.hunks)))
     max_len = max(_width(name) for name, _, _ in rows)
@@ -949,7 +949,7 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
                 "-M" if renames else "--no-renames", "a", "b"]
         done = git(args, cwd=root, check=False, ceiling=root)
         if done.returncode not in (0, 1):
-            raise PortkitError(f"git diff failed: {done.stderr.strip()}")
+            raise ToolFailed(f"git diff failed: {done.stderr.strip()}")
     text = done.stdout
     # Run on two folders named a and b, git names a created file b/x on both sides of the
     # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portkit.errors import BusyError, PortkitError, RecordError, TreeError
+from portkit.errors import BusyError, RecordError, TreeError, UsageError
 
 RECORD_FOLDER = ".portkit"
 JOURNAL = ".journal"
@@ -541,7 +541,7 @@ def lock_wait() -> float:
     try:
         return max(0.0, float(os.environ.get("PORTKIT_LOCK_WAIT", DEFAULT_LOCK_WAIT)))
     except ValueError as exc:
-        raise PortkitError(f"PORTKIT_LOCK_WAIT must be a number of seconds: "
+        raise UsageError(f"PORTKIT_LOCK_WAIT must be a number of seconds: "
                            f"{os.environ['PORTKIT_LOCK_WAIT']}") from exc
 
 

@@ -38,7 +38,15 @@ from portkit.cache import (
     sha256_file,
     sweep,
 )
-from portkit.errors import PortkitError
+from portkit.errors import (
+    ChecksumError,
+    FetchError,
+    InputError,
+    PortkitError,
+    SpecError,
+    ToolFailed,
+    UsageError,
+)
 
 PLAIN = "llama.cpp"
 OLLAMA = "ollama"
@@ -112,7 +120,7 @@ def detect(path: Path) -> Tree:
     """Tell the layout, source roots and pin of the tree at `path`."""
     root = path.resolve()
     if not root.is_dir():
-        raise PortkitError(f"not a directory: {path}")
+        raise InputError(f"not a directory: {path}")
     if (root / "llama" / "llama.cpp").is_dir() and (
         (root / "Makefile.sync").is_file() or (root / "ml" / "backend" / "ggml" / "ggml").is_dir()
     ):
@@ -132,7 +140,7 @@ def detect(path: Path) -> Tree:
     if (root / "src" / "llama.cpp").is_file() or (root / "include" / "llama.h").is_file():
         head = _git_head(root)
         return Tree(root, PLAIN, root, root / "ggml", None, head, "git HEAD" if head else None)
-    raise PortkitError(
+    raise InputError(
         f"not a llama.cpp tree: {path} (no src/llama.cpp, vendor/llama.cpp or llama/llama.cpp)"
     )
 
@@ -168,8 +176,8 @@ def _is_sdist_tree(path: Path) -> bool:
 def _fetch_pypi(requirement: str) -> Path:
     m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][\w.]*)", requirement)
     if not m:
-        raise PortkitError("pypi spec must pin a version, e.g. pypi:llama-cpp-python==0.3.17: "
-                           f"{requirement}")
+        raise SpecError("pypi spec must pin a version, e.g. pypi:llama-cpp-python==0.3.17: "
+                        f"{requirement}")
     name, version = m.group(1), m.group(2)
     trees = cache_dir("trees")
     dest = trees / f"{name}-{version}"
@@ -184,7 +192,7 @@ def _fetch_pypi(requirement: str) -> Path:
         with scratch(trees, ".unpack-") as tmp:
             _unpack(sdist, tmp)
             if not _is_sdist_tree(tmp):
-                raise PortkitError(f"{sdist.name} carries no vendor/llama.cpp tree")
+                raise SpecError(f"{sdist.name} carries no vendor/llama.cpp tree")
             return publish(tmp, dest)
 
 
@@ -215,7 +223,7 @@ def _sdist(name: str, version: str) -> Path:
                      tmp, f"{name}=={version} (source distribution) from PyPI")
         found = sorted(tmp.glob("*.tar.gz"))
         if not found:
-            raise PortkitError(f"pip downloaded no source distribution for {name}=={version}")
+            raise SpecError(f"pip downloaded no source distribution for {name}=={version}")
         _verify(found[0], record, known)
         return found[0].replace(cached)
 
@@ -228,19 +236,19 @@ def _verify(sdist: Path, record: Path, known: str | None) -> None:
     if known is not None:
         if actual != known:
             sdist.unlink()
-            raise PortkitError(f"checksum mismatch for {sdist.name}: got {actual}, expected "
-                               f"{known}; removed it (fetch again to download it anew)")
+            raise ChecksumError(f"checksum mismatch for {sdist.name}: got {actual}, expected "
+                                f"{known}; removed it (fetch again to download it anew)")
     else:
         recorded = _read_record(record)
         if recorded is not None and actual != recorded:
             sdist.unlink()
-            raise PortkitError(f"checksum mismatch for {sdist.name}: got {actual}, recorded "
-                               f"{recorded} at its first download; removed it (delete "
-                               f"{record} to accept a new download)")
+            raise ChecksumError(f"checksum mismatch for {sdist.name}: got {actual}, recorded "
+                                f"{recorded} at its first download; removed it (delete "
+                                f"{record} to accept a new download)")
         if recorded is None and (problem := _incomplete(sdist)):
             sdist.unlink()
-            raise PortkitError(f"the download of {sdist.name} is {problem}; removed it "
-                               f"(fetch again to download it anew)")
+            raise ChecksumError(f"the download of {sdist.name} is {problem}; removed it "
+                                f"(fetch again to download it anew)")
     if _read_record(record, quiet=True) != actual:
         partial = record.with_name(record.name + ".partial")
         partial.write_text(actual + "\n")
@@ -280,7 +288,7 @@ def _incomplete(sdist: Path) -> str | None:
 def _fetch_git(spec: str) -> Path:
     url, sep, rev = spec.rpartition("@")
     if not sep or not url or not rev:
-        raise PortkitError(f"git spec must be git:URL@REV: git:{spec}")
+        raise SpecError(f"git spec must be git:URL@REV: git:{spec}")
     mirror = cache_dir("git") / f"{_key(url)}.git"
     with exclusive(f"git-{mirror.name}", f"fetching {url}"):
         sha = _mirror_rev(url, rev, mirror)
@@ -296,8 +304,8 @@ def _fetch_git(spec: str) -> Path:
                 clone = git.Repo.clone_from(str(mirror), tmp, no_checkout=True, env=_git_env())
                 clone.git.checkout("--quiet", sha)
             except git.GitCommandError as exc:
-                raise PortkitError(f"cannot check out {sha[:12]} from {url}: "
-                                   f"{_last_line(exc)}") from exc
+                raise ToolFailed(f"cannot check out {sha[:12]} from {url}: "
+                                 f"{_last_line(exc)}") from exc
             return publish(tmp, dest)
 
 
@@ -319,8 +327,30 @@ def _mirror_rev(url: str, rev: str, mirror: Path) -> str:
         else:
             repo.git.fetch("--quiet", "origin", "+refs/*:refs/*", "--prune")
         return repo.rev_parse(rev).hexsha
-    except (git.GitCommandError, git.BadName, git.BadObject, ValueError) as exc:
-        raise PortkitError(f"cannot fetch {rev} from {url}: {_last_line(exc)}") from exc
+    except (git.BadName, git.BadObject, ValueError) as exc:
+        raise SpecError(f"cannot fetch {rev} from {url}: no such revision "
+                        f"({_last_line(exc)})") from exc
+    except git.GitCommandError as exc:
+        raise _git_fetch_error(f"cannot fetch {rev} from {url}", exc) from exc
+
+
+# What git says when the repository or the revision does not exist, rather than that the
+# network or the remote failed to answer.
+_GIT_NO_SUCH = re.compile(r"does not exist|not found|not a git repository|unknown revision|"
+                          r"couldn't find remote ref|no such (file|ref)|does not appear to be",
+                          re.I)
+
+
+def _git_fetch_error(what: str, exc: git.GitCommandError) -> SpecError | FetchError:
+    """A failed clone or fetch: SpecError when the repository or revision does not exist,
+    FetchError when the network or the remote did not answer."""
+    said = f"{exc.stderr or ''} {exc}"
+    lines = [ln.strip().removeprefix("stderr:").strip(" '\"").removeprefix("fatal: ")
+             for ln in str(exc.stderr or "").splitlines()]
+    last = next((ln for ln in reversed(lines) if ln), _last_line(exc))
+    if _GIT_NO_SUCH.search(said):
+        return SpecError(f"{what}: {last}")
+    return FetchError(f"{what}: {last}")
 
 
 def _last_line(exc: Exception) -> str:
@@ -362,13 +392,13 @@ def copy_tree(tree_path: Path, dest: Path) -> Path:
     takes that copy rather than failing on it."""
     source, target = tree_path.resolve(), dest.resolve()
     if target.is_relative_to(source):
-        raise PortkitError(f"cannot copy {tree_path} into itself ({dest})")
+        raise UsageError(f"cannot copy {tree_path} into itself ({dest})")
     target.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(f"into-{_key(str(target))}", f"copying into {dest}") as lock:
         if target.exists():
             if _copied_since_start(lock, source, target):
                 return dest
-            raise PortkitError(f"{dest} exists already")
+            raise UsageError(f"{dest} exists already")
         with scratch(target.parent, f".{target.name}.portkit-") as tmp:
             shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
             publish(tmp, target)
@@ -399,7 +429,7 @@ def fetch(spec: str) -> Path:
     elif Path(spec).is_dir():
         path = _fetch_local(Path(spec))
     else:
-        raise PortkitError(
+        raise SpecError(
             f"unknown tree spec: {spec} (want a directory, git:URL@REV or pypi:NAME==VERSION)"
         )
     detect(path)

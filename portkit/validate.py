@@ -37,7 +37,14 @@ from typing import Any
 from portkit.apply import patched_contents, read_record
 from portkit.build import Sources, build_harness, check_buildable, harness_binary, pending_steps
 from portkit.cache import cache_dir, exclusive, lay_down, publish, scratch, sweep
-from portkit.errors import PortkitError
+from portkit.errors import (
+    RecordError,
+    SpecError,
+    ToolFailed,
+    ToolMissing,
+    TreeError,
+    ValidationFailed,
+)
 from portkit.features import Feature
 from portkit.models import model_path
 from portkit.proc import run
@@ -83,6 +90,13 @@ class Report:
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
+
+    def failure(self) -> ValidationFailed:
+        """What a command raises, once it has shown the report, when a check fails: one line
+        naming the failing checks, exit 21 (docs/exit-codes.md)."""
+        failing = [f"{c.id} ({c.title})" for c in self.checks if c.verdict == FAIL]
+        return ValidationFailed(f"validation failed: check {', '.join(failing)} "
+                                f"of {self.tree}")
 
     def _head(self) -> str:
         return (f"validation of {self.tree} (llama.cpp {(self.pin or '?')[:12]}), "
@@ -319,8 +333,8 @@ def _series_changes(root: Path, rendered: Rendered) -> dict[str, bytes | None]:
 def _render(unpatched: Path, feature: Feature) -> Rendered:
     rendered = render(detect(unpatched), feature.name, feature.folder.parent)
     if rendered.present_upstream or not rendered.patches:
-        raise PortkitError(f"{feature.name} is present upstream in this tree: there is no "
-                           f"port to validate (compare it with the tree it came from)")
+        raise TreeError(f"{feature.name} is present upstream in this tree: there is no "
+                        f"port to validate (compare it with the tree it came from)")
     return rendered
 
 
@@ -392,8 +406,8 @@ class Result:
             # + 0.0: a figure printed as -0.000000 (a sum of rounding errors) reads as 0
             return float(self.values[key]) + 0.0
         except (KeyError, ValueError):
-            raise PortkitError(f"the run log {self.log} has no figure {key!r} (damaged? "
-                               f"delete it and validate again)") from None
+            raise RecordError(f"the run log {self.log} has no figure {key!r} (damaged? "
+                              f"delete it and validate again)") from None
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
@@ -593,9 +607,9 @@ class Runner:
         partial.write_text(self._header(spec) + proc.stdout + "\n--- harness log ---\n"
                            + proc.stderr)
         if proc.returncode != 0:
-            raise PortkitError(f"the harness failed ({v.label}, {spec.mode} {spec.config}): "
-                               f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]} "
-                               f"(log: {partial})")
+            raise ToolFailed(f"the harness failed ({v.label}, {spec.mode} {spec.config}): "
+                             f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]} "
+                             f"(log: {partial})")
         if spec.mode == "base":
             written.replace(self.base_file(spec.variant, spec.model))
         partial.replace(log)
@@ -654,11 +668,11 @@ class Context:
 def validate(tree: Tree, feature: Feature, *, full: bool = False,
              models: list[str] | None = None, reference: Tree | None = None) -> Report:
     if not TEXT.is_file():
-        raise PortkitError(f"{TEXT} is missing (Debian's base-files provides it)")
+        raise ToolMissing(f"{TEXT} is missing (Debian's base-files provides it)")
     checks_module = importlib.import_module(f"portkit.checks.{feature.validation.checks}")
     harness = feature.harness()
     if harness is None:
-        raise PortkitError(f"feature {feature.name} has no validation harness")
+        raise SpecError(f"feature {feature.name} has no validation harness")
     for buildable in (tree, reference):
         if buildable is not None:
             check_buildable(Sources.of(buildable))

@@ -23,6 +23,7 @@ from click.testing import CliRunner, Result
 from portkit import tree as tree_mod
 from portkit import validate as validate_mod
 from portkit.cli import cli
+from portkit.errors import ValidationFailed
 from portkit.features import Feature
 from portkit.tree import OLLAMA
 
@@ -149,7 +150,8 @@ def test_a_broken_template_fails_validation_in_the_fork(real_fork, tmp_path, mon
     Feature.load("kv-rotation").broken(templates)
     monkeypatch.setenv("PORTKIT_TEMPLATES", str(templates))
     result, report = apply_validate(real_fork("broken-fork"))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == ValidationFailed.exit_code == 21, result.output
+    assert "portkit: validation failed: check d (" in result.output
     assert verdicts(report) == {"a": "pass", "b": "pass", "c": "pass", "d": "fail",
                                 "e": "documented"}, json.dumps(report["checks"], indent=1)
     shift = {c["id"]: c for c in report["checks"]}["d"]["figures"]["q8_0/q8_0"]

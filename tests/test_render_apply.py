@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from portkit import apply as apply_mod
 from portkit.cli import cli
-from portkit.errors import PortkitError, TreeError
+from portkit.errors import BuildError, TreeError
 from portkit.render import NOT_APPLICABLE, PRESENT, RENDERED, render
 from portkit.tree import detect
 
@@ -262,11 +262,11 @@ def test_failure_after_writing_rolls_everything_back(registry_tree, tmp_path, mo
     before = snapshot(fork)
 
     def broken(tree, files):
-        raise PortkitError("src/llama-graph.cpp does not compile: error: injected")
+        raise BuildError("src/llama-graph.cpp does not compile: error: injected")
 
     monkeypatch.setattr(apply_mod, "compile_units", broken)
     result = invoke("apply", "--pin", "c0159f9c", "--tree", str(fork), "--compile")
-    assert result.exit_code == 1 and "injected" in result.output
+    assert result.exit_code == BuildError.exit_code == 10 and "injected" in result.output
     assert snapshot(fork) == before
 
 

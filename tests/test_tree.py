@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from portkit import tree as tree_mod
 from portkit.cli import cli
-from portkit.errors import PortkitError
+from portkit.errors import ChecksumError, InputError, SpecError
 
 from .conftest import copy_sources
 
@@ -56,7 +56,7 @@ def test_corrupt_download_is_refused_and_removed(tmp_path, monkeypatch):
     bad = tmp_path / "sdists" / "llama_cpp_python-0.3.17.tar.gz"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not the real sdist")
-    with pytest.raises(PortkitError, match="checksum mismatch"):
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
         tree_mod.fetch("pypi:llama-cpp-python==0.3.17")
     assert not bad.exists()
 
@@ -120,8 +120,8 @@ def test_tree_info_json_and_clean_errors(registry_tree, tmp_path):
     data = json.loads(result.output)
     assert data["layout"] == "llama-cpp-python" and data["pin"].startswith("f49e9178")
     result = runner.invoke(cli, ["tree", "info", str(tmp_path)])
-    assert result.exit_code == 1
+    assert result.exit_code == InputError.exit_code == 12
     assert result.output.strip().count("\n") == 0
     assert result.output.startswith("portkit: not a llama.cpp tree")
     result = runner.invoke(cli, ["tree", "fetch", "pypi:llama-cpp-python"])
-    assert result.exit_code == 1 and "must pin a version" in result.output
+    assert result.exit_code == SpecError.exit_code == 9 and "must pin a version" in result.output

@@ -264,7 +264,7 @@ def test_a_damaged_run_log_is_one_clear_error(tmp_path):
     result = validate_mod.Result({"ppl": "18.4", "kld": "soon"}, log)
     assert result["ppl"] == 18.4
     for key in ("kld", "top1"):
-        with pytest.raises(validate_mod.PortkitError) as caught:
+        with pytest.raises(validate_mod.RecordError) as caught:
             result[key]
         assert str(caught.value) == (f"the run log {log} has no figure {key!r} (damaged? "
                                      f"delete it and validate again)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -112,4 +111,4 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         report = validate_mod.validate(tree_mod.detect(tree_path), port, reference=reference)
         click.echo(report.text())
         if not report.passed:
-            sys.exit(1)
+            raise report.failure()

@@ -19,7 +19,7 @@ import click
 from git.exc import GitCommandNotFound
 
 from portkit import tree as tree_mod
-from portkit.errors import GitMissing, Interrupted, PortkitError
+from portkit.errors import FileError, GitMissing, Interrupted, PortkitError, UsageError
 from portkit.features import DEFAULT_FEATURE
 from portkit.transaction import interrupt_note, settle
 
@@ -48,22 +48,28 @@ def signals_interrupt() -> Iterator[None]:
 
 
 def exit_for(exc: BaseException) -> NoReturn:
-    """Print the one line a failure deserves and exit with its code; anything that is not a
-    PortkitError is a bug in portkit: exit 70 (PORTKIT_DEBUG=1 shows the trace)."""
+    """Print the one line a failure deserves and exit with its code (docs/exit-codes.md);
+    anything that is not a PortkitError of a kind is a bug in portkit: exit 70
+    (PORTKIT_DEBUG=1 shows the trace). Nothing leaves with exit 1."""
     if isinstance(exc, KeyboardInterrupt | click.Abort):
         exc = Interrupted(signal.SIGINT)
     elif isinstance(exc, GitCommandNotFound):
         exc = GitMissing("git not found: install git, or put it on PATH")
+    elif isinstance(exc, OSError):
+        exc = file_error(exc)
+    elif isinstance(exc, click.ClickException) and not isinstance(exc, click.UsageError) \
+            and exc.exit_code == 1:  # click's own catch-all code: give it a kind
+        kind = FileError if isinstance(exc, click.FileError) else UsageError
+        exc = kind(exc.format_message())
     if isinstance(exc, Interrupted):
         click.echo(f"portkit: {exc.message}; {interrupt_note()}", err=True)
         sys.exit(exc.exit_code)
     if isinstance(exc, PortkitError):
-        click.echo(f"portkit: {exc.message}", err=True)
-        sys.exit(exc.exit_code)
-    if isinstance(exc, OSError):
-        click.echo(f"portkit: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
+        kindless = type(exc) is PortkitError
+        click.echo(f"portkit: {exc.message}" + (" (internal error: a failure raised without "
+                                                 "its kind; report it)" if kindless else ""),
                    err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
     if isinstance(exc, SystemExit | click.exceptions.Exit | click.ClickException):
         raise exc
     if os.environ.get("PORTKIT_DEBUG"):
@@ -71,6 +77,14 @@ def exit_for(exc: BaseException) -> NoReturn:
     click.echo(f"portkit: internal error ({type(exc).__name__}: {exc}); "
                f"rerun with PORTKIT_DEBUG=1 and report it", err=True)
     sys.exit(70)
+
+
+def file_error(exc: OSError) -> FileError:
+    """An OSError that no step turned into a failure of its own kind: the file, and what the
+    system said (no space left, permission denied, ...), exit 13."""
+    said = exc.strerror or str(exc) or type(exc).__name__
+    where = exc.filename if exc.filename is not None else ""
+    return FileError(f"{said}: {where}" if where != "" else said)
 
 
 def fails_cleanly(fn: F) -> F:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -52,8 +51,8 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     e  what a saved session does across rotation settings
 
     The first run takes about 11 minutes on two cores (4 builds, 18 runs). Builds, models
-    and runs are cached by content: validating an unchanged tree again is quick. Exits 1
-    when a check fails.
+    and runs are cached by content: validating an unchanged tree again is quick. Exits 21
+    when a check fails (docs/exit-codes.md).
     """
     info = open_tree(tree_path)
     port = Feature.load(feature)
@@ -68,4 +67,4 @@ def validate_cmd(tree_path: Path, feature: str, mode: str, models: tuple[str, ..
     else:
         click.echo(report.text())
     if not report.passed:
-        sys.exit(1)
+        raise report.failure()

@@ -16,8 +16,8 @@ import pytest
 from portkit.errors import (
     ApplyConflict,
     BusyError,
-    PortkitError,
     RecordError,
+    ToolFailed,
     ToolMissing,
     TreeError,
     UsageError,
@@ -415,7 +415,7 @@ def test_a_failing_patch_tool_is_reported_as_such_not_as_a_changed_tree(patched,
     (work / "patch").chmod(0o755)
     everything = snapshot(tmp_path)
     run = portkit(APPLY, patched, environ(PATH=f"{work}:{os.environ['PATH']}"))
-    fails(run, PortkitError.exit_code, "GNU patch failed (exit 2): Can't create temporary file")
+    fails(run, ToolFailed.exit_code, "GNU patch failed (exit 2): Can't create temporary file")
     assert "changed since" not in run.stderr
     assert snapshot(tmp_path) == everything
 
