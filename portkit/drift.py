@@ -1119,6 +1119,14 @@ class Follow:
         self._target.landings.clear()
         return self._target.patch(presult)
 
+    def semantic(self, patch: Patch) -> list[SemanticChange]:
+        """The symbols the patch's added lines use that changed between base and target."""
+        return self._target.semantic(patch)
+
+    def look_at(self, current: dict[str, bytes | None]) -> None:
+        """Take `current` (the caller's files by path) as the target's files from now on."""
+        self._target.current = current
+
     def landing(self, hunk: Hunk) -> Landing | None:
         """Where the last patch's hunk went, when drift relocated it."""
         return self._target.landings.get(_hunk_key(hunk))

@@ -12,6 +12,8 @@ only those blocks where the order is given by the text itself:
   same-point  both sides only insert, at the same place: the patch's lines go first,
            right after the line the patch puts them after (the hunk's leading context),
            then upstream's. The order is a choice, so the caller reports it for review.
+  already  the lines the patch inserts are in the target's side of the block already: the
+           target's side stands.
 
 Every other conflict stays a conflict: structure (portkit.drift) or a human decides it.
 """
@@ -32,6 +34,7 @@ _OURS, _BASE, _SEP, _THEIRS = (b"<<<<<<< " + LABELS[0].encode(), b"||||||| " +
 
 BESIDE = "beside"
 SAME_POINT = "same-point"
+ALREADY = "already"
 
 
 def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
@@ -78,11 +81,19 @@ def _insertion(base: Sequence[bytes], side: Sequence[bytes]) -> int | None:
     return head if list(side[head + extra:]) == list(base[head:]) else None
 
 
+def _within(needle: Sequence[bytes], hay: Sequence[bytes]) -> bool:
+    """Whether `needle` is a run of lines of `hay`."""
+    n = len(needle)
+    return any(list(hay[i:i + n]) == list(needle) for i in range(len(hay) - n + 1))
+
+
 def _settle_block(ours: list[bytes], base: list[bytes],
                   theirs: list[bytes]) -> tuple[list[bytes], str] | None:
     """One conflict block resolved when the text orders it, else None."""
     mine = _insertion(base, theirs)  # the series (theirs) only inserts
     upstream = _insertion(base, ours)  # the target (ours) only inserts
+    if mine is not None and _within(theirs[mine:mine + len(theirs) - len(base)], ours):
+        return ours, ALREADY  # what the patch inserts is there: nothing to order
     if not base and mine is not None and upstream is not None:
         return theirs + ours, SAME_POINT
     if mine is not None and upstream is None:

@@ -55,7 +55,7 @@ from portkit.cache import lay_down
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
-from portkit.merge import SAME_POINT, merge, merge3
+from portkit.merge import BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
     Conventions,
@@ -226,10 +226,32 @@ class _Copy:
 
 def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
     """`git apply` of `patch` to the files under `root` (no repository); whether it did."""
+    return git_apply_at(root, patch, room, strip) is not None
+
+
+_CHECKING = re.compile(r"^Checking patch (.+?)(?: => .+?)?\.\.\.$")
+_SUCCEEDED = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
+
+
+def git_apply_at(root: Path, patch: bytes, room: Path, strip: int = 1,
+                 reverse: bool = False, check: bool = False) -> dict[tuple[str, int], int] | None:
+    """`git apply` of `patch` to the files under `root` (no repository): None when it does
+    not apply, else how far from its line git put each hunk that it moved, by (the file as
+    git names it, the hunk's number in its file section from 1)."""
     (room / "apply.patch").write_bytes(patch)
-    done = git(["apply", f"-p{strip}", "--whitespace=nowarn", room / "apply.patch"],
-               cwd=root, check=False, ceiling=root)
-    return done.returncode == 0
+    done = git(["apply", "-v", f"-p{strip}", "--whitespace=nowarn",
+                *(["-R"] if reverse else []), *(["--check"] if check else []),
+                room / "apply.patch"], cwd=root, check=False, ceiling=root)
+    if done.returncode != 0:
+        return None
+    offsets: dict[tuple[str, int], int] = {}
+    current = ""
+    for line in done.stderr.splitlines():
+        if found := _CHECKING.match(line):
+            current = found.group(1)
+        elif found := _SUCCEEDED.match(line):
+            offsets[(current, int(found.group(1)))] = int(found.group(3))
+    return offsets
 
 
 def similarity(a: bytes, b: bytes) -> float:
@@ -330,9 +352,9 @@ class _Carrier:
         if isinstance(text, _Outcome):
             for rel, data in text.after.items():
                 self.work.put(rel, data)
-            return self._after_left_out(patch, text)
+            return self._after_left_out(patch, self._semantic(patch, text))
         outcome = self._structure(patch, before_base)
-        if outcome.status not in (NEEDS_HUMAN, DROPPED, NEEDS_REVIEW):
+        if outcome.status in (UNCHANGED, MERGED):
             outcome = replace(outcome, status=NEEDS_REVIEW, reason=(
                 f"text does not carry it ({text.why}); {outcome.status} by structure: "
                 f"{outcome.reason}"))
@@ -354,6 +376,26 @@ class _Carrier:
         for rel, data in outcome.after.items():
             self.work.put(rel, data)
         return self._after_left_out(patch, outcome)
+
+    def _semantic(self, patch: Patch, outcome: _Outcome) -> _Outcome:
+        """A patch text carried whose added lines use a symbol that changed upstream (drift's
+        semantic check, symbols resolved without doubt): for a reviewer."""
+        if outcome.status not in (UNCHANGED, MERGED) or not outcome.after:
+            return outcome
+        written = self._new_lines(outcome.after)
+        review = []
+        for change in self.lead.semantic(patch):
+            if change.change == "renamed" and not re.search(rf"\b{change.symbol}\b", written):
+                continue
+            review.append(f"it uses {change.symbol}: {change.detail}")
+        for name in identifiers(line for h in patch.hunks for line in h.added):
+            if name in self.left_out:
+                review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
+                              "was left out")
+        if not review:
+            return outcome
+        return replace(outcome, status=NEEDS_REVIEW,
+                       reason="; ".join([*review, outcome.reason]))
 
     def _after_left_out(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch carried onto a file that an earlier patch, left out, also changes: its
@@ -380,11 +422,9 @@ class _Carrier:
         room.mkdir()
         ours = {rel: self.work.get(rel) for rel in patch.paths}
         lay_down(room, ours)
-        if git_apply(room, patch.data, self.room, patch.strip):
-            applied = {rel: (room / rel).read_bytes() if (room / rel).is_file() else None
-                       for rel in patch.paths}
-            return _Outcome(UNCHANGED, "applies as it is",
-                            {rel: d for rel, d in applied.items() if d != ours[rel]})
+        offsets = git_apply_at(room, patch.data, self.room, patch.strip)
+        if offsets is not None:
+            return self._applied(patch, room, ours, offsets)
         if theirs is None:
             return _NoText("it does not apply, and not to its own base either",
                            tuple(patch.paths), {})
@@ -421,7 +461,7 @@ class _Carrier:
                     continue
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
-                beside = len(merged.settled) - same
+                beside = merged.settled.count(BESIDE)
                 if same:
                     review.append(f"{home}: upstream inserted lines where this patch inserts "
                                   f"its own ({same}x): the patch's lines were put first, "
@@ -435,9 +475,55 @@ class _Carrier:
         if conflicts:
             return _NoText("; ".join(conflicts), tuple(failed), after)
         how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
+        if not after and self._reverses(patch, room):
+            return _Outcome(MERGED, "the target has this change already (it reverse-applies)")
         if review:
             return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
         return _Outcome(MERGED, how, after)
+
+    def _applied(self, patch: Patch, room: Path, ours: dict[str, bytes | None],
+                 offsets: dict[tuple[str, int], int]) -> _Outcome:
+        """A patch git applies as it is (in `room`, laid out as `ours`), with what a
+        reviewer must know: a hunk outside what its code became, a patch that also applies
+        in reverse."""
+        applied = {rel: (room / rel).read_bytes() if (room / rel).is_file() else None
+                   for rel in patch.paths}
+        shifts = sorted(set(offsets.values()))
+        how = "applies as it is" if not shifts else \
+            "applies " + ", ".join(f"{o:+d}" for o in shifts) + " lines away"
+        review = self._landings(patch, offsets)
+        lay_down(room, ours)
+        if self._reverses(patch, room):
+            review.append("it also applies in reverse: the target may have it already")
+        after = {rel: d for rel, d in applied.items() if d != ours[rel]}
+        if review:
+            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
+        return _Outcome(UNCHANGED, how, after)
+
+    def _reverses(self, patch: Patch, room: Path) -> bool:
+        """Whether `patch` applies in reverse to the files in `room`."""
+        return git_apply_at(room, patch.data, self.room, patch.strip, reverse=True,
+                            check=True) is not None
+
+    def _landings(self, patch: Patch, offsets: dict[tuple[str, int], int]) -> list[str]:
+        """Each hunk git put outside what its code in the base became (drift's Locator,
+        where it finds that without doubt): text decides, this is for a reviewer."""
+        self.lead.look_at(self.work.files)
+        out = []
+        for f in patch.files:
+            if f.status != "modified":
+                continue
+            for number, hunk in enumerate(f.hunks, 1):
+                home = self.lead.home(hunk)
+                if home is None:
+                    continue
+                file, first, last, name = home
+                line = hunk.old_start + offsets.get((f.path, number), 0)
+                if file != f.path or not first - 3 <= line <= last + 3:
+                    out.append(f"{f.path}:{hunk.old_start}: git puts it at line {line}, but "
+                               f"its code in the base is {name} ({file}:{first}) in the "
+                               "target")
+        return out
 
     def moved(self, rel: str, data: bytes) -> tuple[str, bytes] | None:
         """Where the file `rel` (`data` in the base) went in the target, as git's rename

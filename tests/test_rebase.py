@@ -705,10 +705,12 @@ def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
     assert checked.series == done.series
 
 
-def test_a_hunk_gnu_patch_finds_in_the_wrong_function_is_not_written_there(tmp_path):
+def test_a_hunk_text_lands_in_the_wrong_function_is_carried_for_review(tmp_path):
     """Upstream added a function whose body reads like the one the patch changes, right
-    where that one was, and reworded a line of the latter: GNU patch finds the patch's
-    context whole at its very line, in the newcomer, which is not where it belongs."""
+    where that one was, and reworded a line of the latter: git apply (and GNU patch) find
+    the patch's context whole at its very line, in the newcomer. Text decides what is
+    carried, as `git am -3` would; the Locator, which knows where llama_first went, only
+    tells the reviewer."""
     first = ("int llama_first(int x) {\n    int a = x;\n    a = a + 1;\n    a = a * 2;\n"
              "    a = a - 3;\n    return a;\n}\n")
     base_files = {**BASE, "src/llama.cpp": LLAMA + "\n" + first}
@@ -723,11 +725,10 @@ def test_a_hunk_gnu_patch_finds_in_the_wrong_function_is_not_written_there(tmp_p
             "    a = a / 5;" in (gnu.files["src/llama.cpp"] or b"").decode()
     done = rb.rebase(read_series(folder), detect(target), base=detect(base))
     (row,) = done.report.patches
-    # Neither GNU patch, nor git's 3-way merge (which aligns the base's function with the
-    # newcomer too), nor drift's relocation (GNU patch again) can put it in llama_first.
-    assert row.status == rb.NEEDS_HUMAN and not done.series.patches
-    assert "GNU patch finds its context at its line, line" in row.reason
-    assert "but it belongs in llama_first (src/llama.cpp:" in row.reason
+    assert row.status == rb.NEEDS_REVIEW and row.output == done.series.patches[0].name
+    assert re.search(r"src/llama.cpp:\d+: git puts it at line \d+, but its code in the base "
+                     r"is llama_first \(src/llama.cpp:\d+\) in the target", row.reason)
+    assert "a = a / 5;" in done.carried["src/llama.cpp"].decode()  # what git am -3 makes
 
 
 def test_a_quilt_series_stays_a_quilt_series(small, tmp_path):
