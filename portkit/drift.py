@@ -55,7 +55,7 @@ from portkit.drift_model import (
 )
 from portkit.errors import PortkitError
 from portkit.features import Feature, templates_root
-from portkit.hunks import ALREADY, PatchResult, apply_hunks
+from portkit.hunks import ALREADY, HunkResult, PatchResult, _Run, _Verdict, apply_hunks
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
 from portkit.hunks import OFFSET as H_OFFSET
@@ -73,7 +73,7 @@ from portkit.index import (
     flat,
 )
 from portkit.render import upstream_patches
-from portkit.series import Hunk, Patch, Series, parse_patch
+from portkit.series import FileDiff, Hunk, Patch, Series, parse_patch
 from portkit.tree import Tree
 
 # What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
@@ -413,6 +413,88 @@ def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
     return min(starts, key=lambda i: abs(i - near)) if starts else None
 
 
+def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
+    """A patch part of which the target has while the rest still applies is a patch to
+    refresh (without the part that is there), not one that fits: each hunk that is there
+    needs attention then, saying so. When every hunk is there, or another one is in
+    conflict anyway, the hunks keep their statuses."""
+    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
+    if not any(h.status in there for h in hunks) or \
+            not all(h.status in (*there, CLEAN, OFFSET) for h in hunks) or \
+            all(h.status in there for h in hunks):
+        return hunks
+    return [replace(h, status=CONFLICT, offset=0, fuzz=0,
+                    reason=f"the patch is partly upstream: {h.reason}, while the rest of it "
+                           "is not; refresh the patch without this hunk",
+                    nearest=h.nearest)
+            if h.status in there else h for h in hunks]
+
+
+class _Carry(_Run):
+    """Drift's run of a series on a target (GNU patch underneath, as the engine runs it), with
+    two differences that make it read real history as a maintainer does:
+
+      - GNU patch's verdict stands as it says it: a hunk it places at an offset, without
+        fuzz, is offset (the engine also tries such a hunk reversed, which costs a run of
+        GNU patch per hunk and can only turn a hunk that applies into an "already there");
+      - a patch that fails still lends the later patches what of it was carried: the hunks
+        GNU patch placed, the files it creates, and the hunks drift relocated (`lend`), so
+        that one failure does not fail every later patch on the same files.
+    """
+
+    @classmethod
+    @contextmanager
+    def on(cls, series: Series, root: Path) -> Iterator[_Carry]:
+        with tempfile.TemporaryDirectory(prefix="portkit-drift-") as tmp:
+            tree = Path(tmp) / "tree"
+            tree.mkdir()
+            for rel in series.paths:
+                if (root / rel).is_file():
+                    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(root / rel, tree / rel)
+            yield cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False)
+
+    check_offsets = False  # also try an offset hunk reversed (see patch)
+
+    def _landed(self, f: FileDiff, hunk: Hunk, base: HunkResult, verdict: _Verdict,
+                at: int) -> HunkResult:
+        if verdict.fuzz or self.check_offsets:
+            return super()._landed(f, hunk, base, verdict, at)
+        return replace(base, status=H_OFFSET if verdict.offset else H_CLEAN,
+                       offset=verdict.offset, line=verdict.line)
+
+    def patch(self, patch: Patch) -> PatchResult:
+        before = {rel: (self.tree / rel).read_bytes() if (self.tree / rel).is_file() else None
+                  for rel in patch.paths}
+        self.check_offsets = False
+        result = super().patch(patch)
+        if any(h.status == ALREADY for h in result.hunks) and \
+                any(h.status == H_OFFSET for h in result.hunks):
+            # Part of the patch is there already: a hunk placed at an offset may be there
+            # too (one that adds a line GNU patch would add a second time elsewhere).
+            lay_down(self.tree, before)
+            self.check_offsets = True
+            result = super().patch(patch)
+            self.check_offsets = False
+        if not result.applied and not result.problems:
+            created = [f.path for f in patch.files if f.status == "created"]
+            self.lend({rel: (self.trial / rel).read_bytes() for rel in created
+                       if (self.trial / rel).is_file()})
+        return result
+
+    def lend(self, files: dict[str, bytes | None]) -> None:
+        """Later patches see these files so (None: absent)."""
+        lay_down(self.tree, files)
+
+    def files(self) -> dict[str, bytes | None]:
+        """Every file the series touches, as carried so far (None: absent)."""
+        out: dict[str, bytes | None] = {}
+        for path in self.tree.rglob("*"):
+            if path.is_file():
+                out[path.relative_to(self.tree).as_posix()] = path.read_bytes()
+        return out
+
+
 class _Target:
     """One target: the engine's run of the series on it, and the follow-up of failed hunks."""
 
@@ -432,9 +514,18 @@ class _Target:
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
 
     def run(self) -> TargetDrift:
-        with apply_hunks(self.series, self.target.root, fuzz=FUZZ_LIMIT) as result:
-            self.current = result.files
-            patches = [self.patch(presult) for presult in result.patches]
+        """The series patch by patch on the target, each on the files as the earlier ones
+        were carried (what of them landed, relocated hunks included; see _Carry)."""
+        patches = []
+        with _Carry.on(self.series, self.target.root) as carry:
+            for patch in self.series.patches:
+                presult = carry.patch(patch)
+                self.current = carry.files()
+                self.landings.clear()
+                patches.append(self.patch(presult))
+                if not presult.applied:
+                    carry.lend({landing.file: self.current[landing.file]
+                                for landing in self.landings.values()})
         return TargetDrift(self.target.label, self.target.pin, tuple(patches))
 
     def patch(self, presult: PatchResult) -> PatchDrift:
@@ -451,11 +542,12 @@ class _Target:
                     f"the feature upstream ({self.upstream[patch.subject]})", line))
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
-                                    hr.reason, line))
+                                    hr.reason, line, hr.line))
         if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
             where = patch.paths[0] if patch.paths else patch.name
             hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                      for problem in presult.problems or ["the patch changes no text"]]
+        hunks = _partly_there(hunks)
         there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
         return PatchDrift(patch.name, patch.subject, tuple(hunks),
                           () if there else tuple(self.semantic(patch)))
@@ -463,18 +555,12 @@ class _Target:
     # -- one hunk ----------------------------------------------------------------------
 
     def _hunk(self, patch: Patch, hunk: Hunk, status: str, offset: int, fuzz: int,
-              reason: str, patch_line: int) -> HunkDrift:
+              reason: str, patch_line: int, found: int | None = None) -> HunkDrift:
         base_sym = self.base_symbol(hunk)
         name = base_sym.qualname if base_sym else None
         if status in (H_CLEAN, H_OFFSET, H_FUZZ):
-            upstream = self.upstream_in_place(hunk, base_sym)
-            if upstream:
-                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
-                                 f"it applies as text, but {upstream}", patch_line, symbol=name)
-            wrong = self.misplaced(hunk, base_sym) if status == H_FUZZ else ""
-            if wrong:
-                return HunkDrift(hunk.path, hunk.old_start, CONFLICT, wrong, patch_line,
-                                 symbol=name, nearest=self.nearest(hunk, hunk.path, None))
+            # Text first: where GNU patch places a hunk, that is its verdict. No presence
+            # rule and no locator overrules it (they may only be wrong where text is not).
             mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
             said = "applies as it is" if mapped == CLEAN else (
                 f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
@@ -483,61 +569,10 @@ class _Target:
         if status == ALREADY:
             return HunkDrift(hunk.path, hunk.old_start, ALREADY_APPLIED,
                              "the target has exactly this change (it reverse-applies)",
-                             patch_line, symbol=name)
+                             patch_line, symbol=name,
+                             nearest=Nearest(hunk.path, found, "\n".join(
+                                 hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
-
-    def upstream_in_place(self, hunk: Hunk, base_sym: Symbol | None) -> str:
-        """For a hunk that lands: does the target already have what it adds, by the new
-        names it brings (upstream's own version of the same change)?"""
-        known = self.base.words.get(hunk.path, self.base.all_words)
-        if all(w in known for w in identifiers(hunk.added)):
-            return ""  # it brings no new name
-        if base_sym is not None:
-            cand, _ = self.located(base_sym)
-            if cand is not None:
-                tsym = cand.symbol
-                why = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line),
-                                   verbatim=False)
-                return f"{tsym.qualname} in the target has it already: {why}" if why else ""
-        why = self.present(hunk, hunk.path, None, verbatim=False)
-        return f"{hunk.path} in the target has it already: {why}" if why else ""
-
-    def misplaced(self, hunk: Hunk, base_sym: Symbol | None) -> str:
-        """Why a hunk that GNU patch places only with fuzz lands in the wrong place, or "":
-        inside a function, it must land in what that function became; between definitions,
-        next to what its neighbours became."""
-        trial = self._trial(hunk, hunk.path, hunk.old_start, {}, None, upstream=True)
-        if trial is None or hunk.path not in self.target.index.files:
-            return ""
-        line = trial[0]
-        if base_sym is not None:
-            cand, _ = self.located(base_sym)
-            if cand is None:  # what it went to is unknown: GNU patch's place stands
-                return ""
-            tsym = cand.symbol
-            overloads = [s for s in self.target.index.find(tsym.qualname, (tsym.kind,))
-                         if s.file == hunk.path] or [tsym]
-            if any(s.start_line - 3 <= line <= s.end_line + 3 for s in overloads):
-                return ""
-            return (f"it belongs in {tsym.qualname} ({tsym.where}); GNU patch would force it "
-                    f"in at line {line} with fuzz")
-        before, after = self.neighbours(hunk)
-        said = []
-        for sym, side in ((before, "after"), (after, "before")):
-            if sym is None:
-                continue
-            cand, _ = self.located(sym)
-            if cand is None:
-                said.append(f"{sym.qualname}, which it goes {side}, is not in the target")
-                continue
-            tsym = cand.symbol
-            if tsym.file == hunk.path and (
-                    (side == "after" and tsym.end_line - 1 <= line <= tsym.end_line + 8) or
-                    (side == "before" and tsym.start_line - 8 <= line <= tsym.start_line + 1)):
-                return ""
-            said.append(f"it goes {side} {sym.qualname}, which is at {tsym.where}")
-        return "; ".join(said) + f"; GNU patch would force it in at line {line} with fuzz" \
-            if said else ""
 
     def between(self, hunk: Hunk) -> str:
         """What a hunk between definitions goes next to, and whether the target has it."""
@@ -765,7 +800,7 @@ class _Target:
             if span is not None and not span[0] <= landed.line <= span[1]:
                 return None  # the context is elsewhere: not inside the symbol it went to
             if not upstream and after is not None:
-                self.landings[_hunk_key(hunk)] = Landing(rel, after, landed.fuzz)
+                self._landed(hunk, Landing(rel, after, landed.fuzz))
             return landed.line, landed.offset, landed.fuzz
         if span is None or hunk.removed:
             return None
@@ -778,8 +813,15 @@ class _Target:
             landing = _insert(current, placed, [spell(x) for x in hunk.old_lines],
                               _changed_offset(hunk), [spell(x) for x in hunk.added])
             if landing is not None:
-                self.landings[_hunk_key(hunk)] = replace(landing, file=rel)
+                self._landed(hunk, replace(landing, file=rel))
         return placed + 1, placed + 1 - old_start - _changed_offset(hunk), 0
+
+    def _landed(self, hunk: Hunk, landing: Landing) -> None:
+        """Keep where a hunk was relocated to; in drift's own run, the later hunks and
+        patches see the file with it (the series as carried)."""
+        self.landings[_hunk_key(hunk)] = landing
+        if not self.follow_lines:
+            self.current[landing.file] = landing.data
 
     # -- already there ----------------------------------------------------------------
 
@@ -913,6 +955,14 @@ class _Target:
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
 
+    def _words_now(self, rel: str) -> frozenset[str]:
+        """The names in the target's file `rel` as the series is carried (its own added
+        files and lines included)."""
+        data = self._current(rel)
+        if data is None:
+            return frozenset()
+        return frozenset(_IDENT.findall(data.decode("utf-8", errors="replace")))
+
     def _current(self, rel: str) -> bytes | None:
         """The target's file as the earlier patches of the series left it."""
         if rel in self.current:
@@ -923,42 +973,72 @@ class _Target:
     # -- semantic drift ----------------------------------------------------------------
 
     def semantic(self, patch: Patch) -> list[SemanticChange]:
-        """The symbols the patch's added lines use whose definition changed in the target."""
+        """The symbols the patch's added lines use whose definition changed in the target:
+        only symbols resolved without doubt (see `meanings`)."""
         added_all = [line for h in patch.hunks for line in h.added]
         defined_here = set(identifiers(added_all)) - self.base.all_words
         out: dict[str, SemanticChange] = {}
         for hunk in patch.hunks:
             receivers: dict[str, set[str]] = defaultdict(set)
+            bare: set[str] = set()
             for line in hunk.added:
                 for obj, member in _MEMBER_USE.findall(line):
                     receivers[member].add(obj)
+                bare.update(_bare_names(line))
             around = self.base_symbol(hunk)
             home = (around.qualname if around and around.kind in (CLASS, ENUM)
                     else around.scope if around else "")
             for word in identifiers(hunk.added):
                 if word in defined_here or word in out:
                     continue
-                change = self.changed(word, receivers.get(word, set()), home)
+                change = self.changed(word, receivers.get(word, set()), home,
+                                      word in bare)
                 if change is not None:
                     out[word] = change
         return list(out.values())
 
-    def meanings(self, word: str, receivers: set[str], home: str) -> list[Symbol]:
-        """What `word` names in the base where the patch uses it, as C++ would look it up:
-        a member of the class its object is named after (`hparams.n_rot`: llama_hparams),
-        else a member of the class whose method the hunk is in, else whatever has the name;
-        callables first (a constructor call names its class and its constructors)."""
+    def meanings(self, word: str, receivers: set[str], home: str,
+                 bare: bool = True) -> list[Symbol]:
+        """What `word` names in the base where the patch uses it, when that is known without
+        doubt; else nothing. Used on an object (`hparams.n_rot`), it is a member of the class
+        the object is named after (llama_hparams), or of the hunk's own class (`this->`);
+        used bare, a member of the class whose method the hunk is in, or else a free
+        function, macro, type, enumerator or variable with exactly one definition (a class
+        with its constructors) and no member of that name anywhere. A member name alone
+        (`dev`, `path`, `second`) never resolves."""
         found = self.base.index.find(word, _USED_KINDS)
+        if not found:
+            return []
 
         def scope_of(sym: Symbol) -> str:
             return sym.scope.rsplit("::", 1)[-1]
 
-        owned = [s for s in found if s.scope and any(scope_of(s).endswith(r) for r in receivers)]
-        if not owned and not receivers and home:
-            owned = [s for s in found if s.scope == home]
-        chosen = owned or found
+        chosen: list[Symbol] = []
+        if receivers:
+            named = {r for r in receivers if len(r) >= 3 and r != "this"}
+            chosen = [s for s in found if s.scope and any(
+                scope_of(s) == r or scope_of(s).endswith("_" + r) for r in named)]
+            if not chosen and "this" in receivers and home:
+                chosen = [s for s in found if s.scope == home]
+        elif bare:
+            if home:
+                chosen = [s for s in found if s.scope == home]
+            if not chosen:
+                free = [s for s in found if not self._member(s) or scope_of(s) == word]
+                quals = {canonical(s.qualname) for s in free if scope_of(s) != word}
+                if len(free) == len(found) and len(quals) == 1:
+                    chosen = free
         return sorted(chosen, key=lambda s: (s.kind not in (FUNCTION, DECLARATION, MACRO),
                                              s.kind not in (CLASS, ENUM)))
+
+    def _member(self, sym: Symbol) -> bool:
+        """Whether `sym` is a member of a class (not a free symbol of a namespace or an
+        unscoped enum's enumerator)."""
+        if not sym.scope:
+            return False
+        owners = self.base.index.by_qualname.get(sym.scope, [])
+        return any(o.kind == CLASS for o in owners) or (
+            sym.kind != ENUMERATOR and any(o.kind == ENUM for o in owners))
 
     def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
         """Where a field or variable went when its name now means something else (a field
@@ -971,10 +1051,12 @@ class _Target:
                 and s.scope == twin.scope and s.name != sym.name
                 and (s.name.startswith(sym.name + "_") or s.name.endswith("_" + sym.name))]
 
-    def changed(self, word: str, receivers: set[str], home: str) -> SemanticChange | None:
+    def changed(self, word: str, receivers: set[str], home: str,
+                bare: bool = True) -> SemanticChange | None:
         """How the symbol(s) `word` names changed in the target, or None when one meaning
-        of it is unchanged (no claim then on the others)."""
-        base_syms = self.meanings(word, receivers, home)
+        of it is unchanged (no claim then on the others), or when what it names is not
+        known without doubt."""
+        base_syms = self.meanings(word, receivers, home, bare)
         if not base_syms:
             return None
         by_qual = {canonical(s.qualname): s
@@ -1010,8 +1092,17 @@ class _Target:
                                       f"{cand.symbol.qualname} in the target "
                                       f"({cand.symbol.where}, {cand.strategy})")
         sym = missing[0]
+        if word in self._words_now(sym.file):
+            return None  # still in its file: the index missed it (a parse error), or moved
         return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
                               f"in the base) is not in the target")
+
+
+def _bare_names(line: str) -> set[str]:
+    """The names a line uses on their own: not after `.`, `->` or `::`."""
+    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+    return {m.group(1) for m in re.finditer(r"(?<![\w.>:])([A-Za-z_]\w*)", code)
+            if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
 
 
 def _difference(old: Symbol, new: Symbol) -> str:
