@@ -102,6 +102,8 @@ _KEYWORDS = frozenset({
 })
 _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
 _MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
+# `Name(`, `Name{`, `Name var(` / `Name var{`: an object of the class Name built
+_CONSTRUCTS = re.compile(r"\b([A-Za-z_]\w*)(?:\s+[A-Za-z_]\w*)?\s*[({]")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
 _NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
@@ -981,10 +983,12 @@ class _Target:
         for hunk in patch.hunks:
             receivers: dict[str, set[str]] = defaultdict(set)
             bare: set[str] = set()
+            built: set[str] = set()
             for line in hunk.added:
                 for obj, member in _MEMBER_USE.findall(line):
                     receivers[member].add(obj)
                 bare.update(_bare_names(line))
+                built.update(_CONSTRUCTS.findall(line))
             around = self.base_symbol(hunk)
             home = (around.qualname if around and around.kind in (CLASS, ENUM)
                     else around.scope if around else "")
@@ -992,13 +996,13 @@ class _Target:
                 if word in defined_here or word in out:
                     continue
                 change = self.changed(word, receivers.get(word, set()), home,
-                                      word in bare)
+                                      word in bare, word in built)
                 if change is not None:
                     out[word] = change
         return list(out.values())
 
     def meanings(self, word: str, receivers: set[str], home: str,
-                 bare: bool = True) -> list[Symbol]:
+                 bare: bool = True, built: bool = True) -> list[Symbol]:
         """What `word` names in the base where the patch uses it, when that is known without
         doubt; else nothing. Used on an object (`hparams.n_rot`), it is a member of the class
         the object is named after (llama_hparams), or of the hunk's own class (`this->`);
@@ -1027,7 +1031,8 @@ class _Target:
                 free = [s for s in found if not self._member(s) or scope_of(s) == word]
                 quals = {canonical(s.qualname) for s in free if scope_of(s) != word}
                 if len(free) == len(found) and len(quals) == 1:
-                    chosen = free
+                    # a class stands for its constructors only where it builds an object
+                    chosen = [s for s in free if built or scope_of(s) != word]
         return sorted(chosen, key=lambda s: (s.kind not in (FUNCTION, DECLARATION, MACRO),
                                              s.kind not in (CLASS, ENUM)))
 
@@ -1052,11 +1057,11 @@ class _Target:
                 and (s.name.startswith(sym.name + "_") or s.name.endswith("_" + sym.name))]
 
     def changed(self, word: str, receivers: set[str], home: str,
-                bare: bool = True) -> SemanticChange | None:
+                bare: bool = True, built: bool = True) -> SemanticChange | None:
         """How the symbol(s) `word` names changed in the target, or None when one meaning
         of it is unchanged (no claim then on the others), or when what it names is not
         known without doubt."""
-        base_syms = self.meanings(word, receivers, home, bare)
+        base_syms = self.meanings(word, receivers, home, bare, built)
         if not base_syms:
             return None
         by_qual = {canonical(s.qualname): s
@@ -1092,8 +1097,11 @@ class _Target:
                                       f"{cand.symbol.qualname} in the target "
                                       f"({cand.symbol.where}, {cand.strategy})")
         sym = missing[0]
-        if word in self._words_now(sym.file):
-            return None  # still in its file: the index missed it (a parse error), or moved
+        if self._current(sym.file) is None or word in self._words_now(sym.file):
+            # Still in its file: the index missed it (a parse error). Or its whole file is
+            # not in the target: a file the fork keeps beside upstream's (its own headers),
+            # which says nothing about the name.
+            return None
         return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
                               f"in the base) is not in the target")
 
