@@ -28,14 +28,14 @@ import shutil
 import tempfile
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
-from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
+from portkit.anchors import Candidate, Locator, akin, aliases_of, canonical, find
 from portkit.cache import lay_down
 from portkit.drift_model import (
     ALREADY_APPLIED,
@@ -55,7 +55,16 @@ from portkit.drift_model import (
 )
 from portkit.errors import PortkitError
 from portkit.features import Feature, templates_root
-from portkit.hunks import ALREADY, HunkResult, PatchResult, _Run, _Verdict, apply_hunks
+from portkit.hunks import (
+    ALREADY,
+    HunkResult,
+    PatchResult,
+    _gnu,
+    _Run,
+    _Verdict,
+    _verdicts,
+    apply_hunks,
+)
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
 from portkit.hunks import OFFSET as H_OFFSET
@@ -73,7 +82,7 @@ from portkit.index import (
     flat,
 )
 from portkit.render import upstream_patches
-from portkit.series import FileDiff, Hunk, Patch, Series, parse_patch
+from portkit.series import FileDiff, Hunk, Patch, Series
 from portkit.tree import Tree
 
 # What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
@@ -119,16 +128,22 @@ def identifiers(lines: Iterable[str]) -> list[str]:
     return list(seen)
 
 
+@lru_cache(maxsize=4096)
+def _definition(name: str) -> re.Pattern[str]:
+    word = re.escape(name)
+    return re.compile("|".join((
+        rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
+        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
+        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
+        rf"^\s*#\s*define\s+{word}\b",
+        rf"^\s*{word}\s*(?:=[^=]|,|$)")))  # an enumerator
+
+
 def _defines(name: str, lines: Iterable[str]) -> bool:
     """Whether `lines` define `name` (a function or declaration at file scope, a field, a
     variable, an enumerator or a macro) rather than only use it."""
-    word = re.escape(name)
-    patterns = (rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
-                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
-                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
-                rf"^\s*#\s*define\s+{word}\b",
-                rf"^\s*{word}\s*(?:=[^=]|,|$)")  # an enumerator
-    return any(re.search(p, line) for line in lines for p in patterns)
+    pattern = _definition(name)
+    return any(name in line and pattern.search(line) for line in lines)
 
 
 def _meaningful(lines: Iterable[str]) -> list[str]:
@@ -145,13 +160,8 @@ def _tokens(line: str) -> list[str]:
 
 
 def _akin(a: str, b: str) -> bool:
-    """Whether `b` reads as a rename of `a`: mostly the same letters, or the same words."""
-    if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
-        return True
-    if 2 * min(len(a), len(b)) < 0.7 * (len(a) + len(b)):
-        return False
-    m = SequenceMatcher(None, a, b, autojunk=False)
-    return m.real_quick_ratio() >= 0.7 and m.quick_ratio() >= 0.7 and m.ratio() >= 0.7
+    """Whether `b` reads as a rename of `a`: anchors' rule (`akin`), the one for both."""
+    return akin(a, b)
 
 
 def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: frozenset[str],
@@ -454,9 +464,13 @@ class _Carry(_Run):
                 if (root / rel).is_file():
                     (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(root / rel, tree / rel)
-            yield cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False)
+            run = cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False)
+            run._files = {rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None
+                          for rel in series.paths}
+            yield run
 
     check_offsets = False  # also try an offset hunk reversed (see patch)
+    _files: dict[str, bytes | None]  # the tree's files, as carried so far
 
     def _landed(self, f: FileDiff, hunk: Hunk, base: HunkResult, verdict: _Verdict,
                 at: int) -> HunkResult:
@@ -466,17 +480,15 @@ class _Carry(_Run):
                        offset=verdict.offset, line=verdict.line)
 
     def patch(self, patch: Patch) -> PatchResult:
-        before = {rel: (self.tree / rel).read_bytes() if (self.tree / rel).is_file() else None
-                  for rel in patch.paths}
-        self.check_offsets = False
-        result = super().patch(patch)
+        before = {rel: self._files.get(rel) for rel in patch.paths}
+        result = self._patch(patch)
         if any(h.status == ALREADY for h in result.hunks) and \
                 any(h.status == H_OFFSET for h in result.hunks):
             # Part of the patch is there already: a hunk placed at an offset may be there
             # too (one that adds a line GNU patch would add a second time elsewhere).
-            lay_down(self.tree, before)
+            self.lend(before)
             self.check_offsets = True
-            result = super().patch(patch)
+            result = self._patch(patch)
             self.check_offsets = False
         if not result.applied and not result.problems:
             created = [f.path for f in patch.files if f.status == "created"]
@@ -484,17 +496,29 @@ class _Carry(_Run):
                        if (self.trial / rel).is_file()})
         return result
 
+    def _patch(self, patch: Patch) -> PatchResult:
+        """The engine's run of one patch (_Run.patch), without emptying the try folder
+        each time: only the patch's own files are laid there, which is all GNU patch
+        reads."""
+        self.trial.mkdir(exist_ok=True)
+        lay_down(self.trial, {rel: self._files.get(rel) for rel in patch.paths})
+        result = PatchResult(patch, [], applied=False)
+        for f in patch.files:
+            self._file(patch, f, result)
+        result.applied = not result.problems and not result.failed
+        if result.applied:
+            self.lend({rel: (self.trial / rel).read_bytes() if (self.trial / rel).is_file()
+                       else None for rel in patch.paths})
+        return result
+
     def lend(self, files: dict[str, bytes | None]) -> None:
         """Later patches see these files so (None: absent)."""
         lay_down(self.tree, files)
+        self._files.update(files)
 
     def files(self) -> dict[str, bytes | None]:
         """Every file the series touches, as carried so far (None: absent)."""
-        out: dict[str, bytes | None] = {}
-        for path in self.tree.rglob("*"):
-            if path.is_file():
-                out[path.relative_to(self.tree).as_posix()] = path.read_bytes()
-        return out
+        return dict(self._files)
 
 
 class _Target:
@@ -514,6 +538,7 @@ class _Target:
         self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
         self.follow_lines = False  # map the index's lines into `current` (see _line_now)
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
+        self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
 
     def run(self) -> TargetDrift:
         """The series patch by patch on the target, each on the files as the earlier ones
@@ -566,6 +591,9 @@ class _Target:
             mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
             said = "applies as it is" if mapped == CLEAN else (
                 f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
+            note = self.review_note(hunk)
+            if note:
+                said += f"; to review: upstream may have it already ({note})"
             return HunkDrift(hunk.path, hunk.old_start, mapped, said, patch_line, offset, fuzz,
                              name)
         if status == ALREADY:
@@ -575,6 +603,18 @@ class _Target:
                              nearest=Nearest(hunk.path, found, "\n".join(
                                  hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
+
+    def review_note(self, hunk: Hunk) -> str:
+        """For a hunk that applies: a function or declaration it adds that upstream seems to
+        have added under an akin name (a note only: the hunk's status is what text says)."""
+        if hunk.removed or hunk.path not in self.target.index.files or \
+                all(w in self.base.file_words(hunk.path) for w in identifiers(hunk.added)):
+            return ""
+        text = self.target.text(hunk.path)
+        if text is None:
+            return ""
+        place = Place(self, hunk, hunk.path, None, text.splitlines())
+        return there_under_upstreams_names(place)
 
     def between(self, hunk: Hunk) -> str:
         """What a hunk between definitions goes next to, and whether the target has it."""
@@ -661,10 +701,15 @@ class _Target:
                     f"{' (' + where.strip() + ')' if where.strip() else ''}; found by "
                     f"{cand.strategy}", patch_line, offset, fuzz, name,
                     Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
+            near = self.nearest(hunk, tsym.file, (tsym.start_line, tsym.end_line))
+            into = self.base_start(hunk) + 1 - base_sym.start_line
+            line = near.line if near is not None else min(
+                tsym.start_line + max(into, 0), tsym.end_line)
             return HunkDrift(hunk.path, hunk.old_start, CONFLICT,
                              f"context changed in {tsym.qualname} ({tsym.where})", patch_line,
-                             symbol=name, nearest=self.nearest(hunk, tsym.file,
-                                                               (tsym.start_line, tsym.end_line)))
+                             symbol=name, nearest=near,
+                             moved_to=Moved(tsym.file, line, tsym.qualname,
+                                            cand.strategy or "similarity"))
         if self._current(hunk.path) is not None:
             upstream = self.present(hunk, hunk.path, None)
             if upstream and base_sym is None:
@@ -790,20 +835,14 @@ class _Target:
         new_len = sum(1 for ln in body if ln[:1] in (" ", "+"))
         text = (f"--- a/{rel}\n+++ b/{rel}\n"
                 f"@@ -{old_start},{old_len} +{old_start},{new_len} @@\n" + "\n".join(body) + "\n")
-        trial = parse_patch("relocated.patch", text.encode("utf-8", errors="surrogateescape"))
-        with tempfile.TemporaryDirectory(prefix="portkit-relocate-") as tmp:
-            root = Path(tmp)
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(current)
-            with apply_hunks([trial], root, fuzz=FUZZ_LIMIT) as result:
-                landed = result.patches[0].hunks[0]
-                after = result.files.get(rel)
-        if landed.landed and landed.line is not None:
-            if span is not None and not span[0] <= landed.line <= span[1]:
+        found = self._gnu_trial(rel, current, text)
+        if found is not None:
+            line, offset, fuzz, after = found
+            if span is not None and not span[0] <= line <= span[1]:
                 return None  # the context is elsewhere: not inside the symbol it went to
-            if not upstream and after is not None:
-                self._landed(hunk, Landing(rel, after, landed.fuzz))
-            return landed.line, landed.offset, landed.fuzz
+            if not upstream:
+                self._landed(hunk, Landing(rel, after, fuzz))
+            return line, offset, fuzz
         if span is None or hunk.removed:
             return None
         lines = current.decode("utf-8", errors="surrogateescape").splitlines()
@@ -818,6 +857,27 @@ class _Target:
                 self._landed(hunk, replace(landing, file=rel))
         return placed + 1, placed + 1 - old_start - _changed_offset(hunk), 0
 
+    def _gnu_trial(self, rel: str, current: bytes,
+                   section: str) -> tuple[int, int, int, bytes] | None:
+        """GNU patch's run of one hunk (`section`, a one-hunk diff of `rel`) on `current`, as
+        the engine runs it, in a scratch folder kept for all trials: (line, offset, fuzz,
+        the file after) where it lands, or None. Where it lands is its verdict (text
+        first: no reverse trial)."""
+        if self._room is None:
+            self._room = tempfile.TemporaryDirectory(prefix="portkit-trial-")
+        root = Path(self._room.name)
+        shutil.rmtree(root / "t", ignore_errors=True)
+        (root / "t" / rel).parent.mkdir(parents=True)
+        (root / "t" / rel).write_bytes(current)
+        (root / "s.diff").write_bytes(section.encode("utf-8", errors="surrogateescape"))
+        _, out = _gnu(["--force", "--verbose", "-p1", "--no-backup-if-mismatch",
+                       "--reject-file=-", f"--fuzz={FUZZ_LIMIT}", "-i", str(root / "s.diff")],
+                      root / "t")
+        verdict = _verdicts(out).get(1)
+        if verdict is None or verdict.word != "succeeded" or not (root / "t" / rel).is_file():
+            return None
+        return verdict.line, verdict.offset, verdict.fuzz, (root / "t" / rel).read_bytes()
+
     def _landed(self, hunk: Hunk, landing: Landing) -> None:
         """Keep where a hunk was relocated to; in drift's own run, the later hunks and
         patches see the file with it (the series as carried)."""
@@ -830,42 +890,22 @@ class _Target:
     def present(self, hunk: Hunk, rel: str, span: tuple[int, int] | None, *,
                 verbatim: bool = True) -> str:
         """Why the target as upstream has it (its file `rel`, within `span` lines) has the
-        hunk's change already, or "" when it does not: every meaningful added line is there
-        and no removed line is left (`verbatim`); or every name the hunk brings that the base
-        does not have is used there."""
+        failed hunk's change already, or "": the first rule of PRESENCE_RULES that holds
+        says why (without `verbatim`, the rules that read lines as they are are skipped).
+        Only for a hunk that does not apply: none of these overrules one that does."""
         text = self.target.text(rel)
         if text is None:
             return ""
         lines = text.splitlines()
         if span is not None:
             lines = lines[max(span[0] - 1, 0):span[1]]
-        flat_lines = [flat(line) for line in lines]
-        here = set(flat_lines)
-        added = _meaningful(hunk.added)
-        removed = [r for r in _meaningful(hunk.removed) if r not in set(added)]
-        if verbatim and added and all(a in here for a in added):
-            # The lines it removes must be gone from where the added ones are (the same
-            # line may well stay elsewhere in the function).
-            at = [i for i, f in enumerate(flat_lines) if f in set(added)]
-            reach = len(hunk.old_lines) + 2
-            near = set(flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
-            if not any(r in near for r in removed):
-                return f"all {len(added)} added lines are there"
-        if verbatim and not added and removed and not any(r in here for r in removed):
-            return f"the {len(removed)} lines it removes are gone"
-        known = self.base.words.get(hunk.path, self.base.all_words)
-        new_names = [w for w in identifiers(hunk.added) if w not in known]
-        if not new_names or any(r in here for r in removed):
-            return ""
-        words = set(_IDENT.findall("\n".join(lines)))
-        # A name the hunk defines may be defined anywhere in the target; one it only uses
-        # must be used right there.
-        defined = {w for w in new_names if _defines(w, hunk.added)}
-        missing = [w for w in new_names if w not in words
-                   and not (w in defined and self.target.index.find(w))]
-        if not missing:
-            return f"it has {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
-        return self.present_renamed(hunk, rel, span, removed)
+        place = Place(self, hunk, rel, span, lines)
+        for rule in PRESENCE_RULES:
+            if verbatim or not rule.verbatim:
+                why = rule.holds(place)
+                if why:
+                    return why
+        return ""
 
     def present_renamed(self, hunk: Hunk, rel: str, span: tuple[int, int] | None,
                         removed: list[str]) -> str:
@@ -934,11 +974,31 @@ class _Target:
             for i in where.get(key, ()):
                 votes[i - pos] += 1
         if not votes:
+            votes = self._alike_votes(old, lines, lo, min(hi, len(lines)))
+        if not votes:
             return None
         start, _ = max(votes.items(), key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
         start = max(start, 0)
         text = "\n".join(lines[start:start + max(len(old), 1)][:12])
         return Nearest(rel, start + 1, text)
+
+    @staticmethod
+    def _alike_votes(old: list[str], lines: list[str], lo: int, hi: int) -> Counter[int]:
+        """Where the hunk's old lines are, when none of them is there as it was (upstream
+        renamed what they use): each line votes for the lines between `lo` and `hi` that use
+        mostly the same names (at least 3 of them, 60% alike)."""
+        votes: Counter[int] = Counter()
+        words = [frozenset(identifiers([line])) for line in old]
+        if not any(len(w) >= 3 for w in words):
+            return votes
+        theirs = [frozenset(identifiers([lines[i]])) for i in range(lo, hi)]
+        for pos, mine in enumerate(words):
+            if len(mine) < 3:
+                continue
+            for i, other in enumerate(theirs):
+                if other and len(mine & other) >= 0.6 * len(mine | other):
+                    votes[lo + i - pos] += 1
+        return votes
 
     def nearest_anywhere(self, hunk: Hunk) -> Nearest | None:
         """For a hunk whose file is gone: the nearest match in the target file of the same
@@ -1126,6 +1186,100 @@ def _difference(old: Symbol, new: Symbol) -> str:
     if old.kind in (FIELD, VARIABLE) and canonical(old.returns) != canonical(new.returns):
         return f"{old.qualname} is {new.returns} now, not {old.returns}"
     return ""
+
+
+# -- present upstream: the rules, in order ---------------------------------------------------
+
+
+@dataclass
+class Place:
+    """Where a failed hunk's change is looked for: the target's file `rel` as upstream has
+    it, within `span` lines (its `lines`), and what each presence rule reads of the hunk."""
+
+    target: _Target
+    hunk: Hunk
+    rel: str
+    span: tuple[int, int] | None
+    lines: list[str]
+
+    @cached_property
+    def flat_lines(self) -> list[str]:
+        return [flat(line) for line in self.lines]
+
+    @cached_property
+    def here(self) -> set[str]:
+        return set(self.flat_lines)
+
+    @cached_property
+    def added(self) -> list[str]:
+        return _meaningful(self.hunk.added)
+
+    @cached_property
+    def removed(self) -> list[str]:
+        return [r for r in _meaningful(self.hunk.removed) if r not in set(self.added)]
+
+    @cached_property
+    def new_names(self) -> list[str]:
+        """The names the hunk's added lines bring that its file in the base lacks."""
+        base = self.target.base
+        known = base.words.get(self.hunk.path, base.all_words)
+        return [w for w in identifiers(self.hunk.added) if w not in known]
+
+
+def added_lines_there(p: Place) -> str:
+    """Every meaningful line the hunk adds is there, and the lines it removes are gone from
+    around them (the same line may well stay elsewhere in the function)."""
+    if not p.added or not all(a in p.here for a in p.added):
+        return ""
+    wanted = set(p.added)
+    at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
+    reach = len(p.hunk.old_lines) + 2
+    near = set(p.flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
+    return "" if any(r in near for r in p.removed) else f"all {len(p.added)} added lines are there"
+
+
+def removed_lines_gone(p: Place) -> str:
+    """A hunk that only removes lines: none of them is there any more."""
+    if p.added or not p.removed or any(r in p.here for r in p.removed):
+        return ""
+    return f"the {len(p.removed)} lines it removes are gone"
+
+
+def new_names_there(p: Place) -> str:
+    """Every name the hunk brings is there (used right there; one it defines, defined
+    anywhere in the target), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    words = set(_IDENT.findall("\n".join(p.lines)))
+    defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
+    index = p.target.target.index
+    if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):
+        return ""
+    return f"it has {', '.join(p.new_names[:4])}" + (" ..." if len(p.new_names) > 4 else "")
+
+
+def there_under_upstreams_names(p: Place) -> str:
+    """Every meaningful added line is there once the names the target lacks are read as
+    the akin names upstream gained (`present_renamed`), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    return p.target.present_renamed(p.hunk, p.rel, p.span, p.removed)
+
+
+@dataclass(frozen=True)
+class PresenceRule:
+    name: str
+    holds: Callable[[Place], str]
+    verbatim: bool  # reads the lines as they are (skipped where only names can tell)
+
+
+# The one ordered table: the first rule that holds says why a failed hunk is upstream.
+PRESENCE_RULES: tuple[PresenceRule, ...] = (
+    PresenceRule("added lines there", added_lines_there, True),
+    PresenceRule("removed lines gone", removed_lines_gone, True),
+    PresenceRule("new names there", new_names_there, False),
+    PresenceRule("there under upstream's names", there_under_upstreams_names, False),
+)
 
 
 # -- the whole report --------------------------------------------------------------------
