@@ -23,6 +23,7 @@ is gone, renamed, or whose signature or type changed is listed, even when the te
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -425,6 +426,15 @@ def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
     return min(starts, key=lambda i: abs(i - near)) if starts else None
 
 
+@lru_cache(maxsize=1)
+def _fast_tmp() -> str | None:
+    """Where drift's scratch files go: a memory file system when there is one to write in
+    (GNU patch runs hundreds of times on them; a disk makes each run cost a few writes),
+    else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
     """A patch part of which the target has while the rest still applies is a patch to
     refresh (without the part that is there), not one that fits: each hunk that is there
@@ -457,7 +467,7 @@ class _Carry(_Run):
     @classmethod
     @contextmanager
     def on(cls, series: Series, root: Path) -> Iterator[_Carry]:
-        with tempfile.TemporaryDirectory(prefix="portkit-drift-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="portkit-drift-", dir=_fast_tmp()) as tmp:
             tree = Path(tmp) / "tree"
             tree.mkdir()
             for rel in series.paths:
@@ -607,9 +617,11 @@ class _Target:
     def review_note(self, hunk: Hunk) -> str:
         """For a hunk that applies: a function or declaration it adds that upstream seems to
         have added under an akin name (a note only: the hunk's status is what text says)."""
-        if hunk.removed or hunk.path not in self.target.index.files or \
-                all(w in self.base.file_words(hunk.path) for w in identifiers(hunk.added)):
+        if hunk.removed or hunk.path not in self.target.index.files:
             return ""
+        known = self.base.file_words(hunk.path)
+        if not any(_defines(w, hunk.added) for w in identifiers(hunk.added) if w not in known):
+            return ""  # it defines no new name
         text = self.target.text(hunk.path)
         if text is None:
             return ""
@@ -864,7 +876,7 @@ class _Target:
         the file after) where it lands, or None. Where it lands is its verdict (text
         first: no reverse trial)."""
         if self._room is None:
-            self._room = tempfile.TemporaryDirectory(prefix="portkit-trial-")
+            self._room = tempfile.TemporaryDirectory(prefix="portkit-trial-", dir=_fast_tmp())
         root = Path(self._room.name)
         shutil.rmtree(root / "t", ignore_errors=True)
         (root / "t" / rel).parent.mkdir(parents=True)
