@@ -989,7 +989,10 @@ class _Target:
             votes = self._alike_votes(old, lines, lo, min(hi, len(lines)))
         if not votes:
             return None
-        start, _ = max(votes.items(), key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
+        start, count = max(votes.items(),
+                           key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
+        if count < 2:
+            return None  # a line or two alike anywhere is no place: better none than a wrong one
         start = max(start, 0)
         text = "\n".join(lines[start:start + max(len(old), 1)][:12])
         return Nearest(rel, start + 1, text)
@@ -1025,7 +1028,7 @@ class _Target:
                 continue
             text = self.target.index.source(rel).decode("utf-8", errors="replace")
             shared = len(wanted & {flat(x) for x in text.splitlines()})
-            if shared and (best is None or shared > best[0]):
+            if shared >= max(2, len(wanted) / 2) and (best is None or shared > best[0]):
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
 
