@@ -873,13 +873,36 @@ def locate(base_index: Index, base_symbol: Symbol, target_index: Index,
     return Locator(base_index, target_index).locate(base_symbol, limit)
 
 
-def _name_likeness(a: str, b: str) -> float:
-    """How alike two names are; nothing when both have numbers and those differ
-    (`LLM_TYPE_47M` is not `LLM_TYPE_537M` renamed, `q4_0` is not `q4_1`)."""
+def _numbers_differ(a: str, b: str) -> bool:
+    """Both names have numbers, and not the same ones (`LLM_TYPE_47M` and `LLM_TYPE_537M`,
+    `q4_0` and `q4_1`: two things, not one renamed)."""
     numbers_a, numbers_b = re.findall(r"\d+", a), re.findall(r"\d+", b)
-    if numbers_a and numbers_b and numbers_a != numbers_b:
+    return bool(numbers_a and numbers_b and numbers_a != numbers_b)
+
+
+def _name_likeness(a: str, b: str) -> float:
+    """How alike two names are; nothing when both have numbers and those differ."""
+    if _numbers_differ(a, b):
         return 0.0
     return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+AKIN = 0.7  # how alike two names must be for one to read as a rename of the other
+
+
+def akin(a: str, b: str) -> bool:
+    """Whether `b` reads as a rename of `a`: the one rename-likeness rule (the Locator's
+    look-alikes by name and drift's "present upstream under another name" both use it).
+    Never when both have numbers and those differ (`q4_0` is not `q4_1`); else the same
+    words in another order, or mostly the same letters."""
+    if _numbers_differ(a, b):
+        return False
+    if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
+        return True
+    if 2 * min(len(a), len(b)) < AKIN * (len(a) + len(b)):
+        return False
+    m = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return m.real_quick_ratio() >= AKIN and m.quick_ratio() >= AKIN and m.ratio() >= AKIN
 
 
 def _canonical_params(sym: Symbol) -> list[str]:

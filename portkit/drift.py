@@ -23,19 +23,20 @@ is gone, renamed, or whose signature or type changed is listed, even when the te
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
-from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
+from portkit.anchors import Candidate, Locator, akin, aliases_of, canonical, find
 from portkit.cache import lay_down
 from portkit.drift_model import (
     ALREADY_APPLIED,
@@ -55,7 +56,16 @@ from portkit.drift_model import (
 )
 from portkit.errors import ApplyConflict, PortkitError, UsageError
 from portkit.features import Feature, templates_root
-from portkit.hunks import ALREADY, PatchResult, apply_hunks
+from portkit.hunks import (
+    ALREADY,
+    HunkResult,
+    PatchResult,
+    _gnu,
+    _Run,
+    _Verdict,
+    _verdicts,
+    apply_hunks,
+)
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
 from portkit.hunks import OFFSET as H_OFFSET
@@ -73,7 +83,7 @@ from portkit.index import (
     flat,
 )
 from portkit.render import upstream_patches
-from portkit.series import Hunk, Patch, Series, parse_patch
+from portkit.series import FileDiff, Hunk, Patch, Series
 from portkit.tree import Tree
 
 # What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
@@ -102,6 +112,8 @@ _KEYWORDS = frozenset({
 })
 _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
 _MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
+# `Name(`, `Name{`, `Name var(` / `Name var{`: an object of the class Name built
+_CONSTRUCTS = re.compile(r"\b([A-Za-z_]\w*)(?:\s+[A-Za-z_]\w*)?\s*[({]")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
 _NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
@@ -117,16 +129,22 @@ def identifiers(lines: Iterable[str]) -> list[str]:
     return list(seen)
 
 
+@lru_cache(maxsize=4096)
+def _definition(name: str) -> re.Pattern[str]:
+    word = re.escape(name)
+    return re.compile("|".join((
+        rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
+        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
+        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
+        rf"^\s*#\s*define\s+{word}\b",
+        rf"^\s*{word}\s*(?:=[^=]|,|$)")))  # an enumerator
+
+
 def _defines(name: str, lines: Iterable[str]) -> bool:
     """Whether `lines` define `name` (a function or declaration at file scope, a field, a
     variable, an enumerator or a macro) rather than only use it."""
-    word = re.escape(name)
-    patterns = (rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
-                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
-                rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
-                rf"^\s*#\s*define\s+{word}\b",
-                rf"^\s*{word}\s*(?:=[^=]|,|$)")  # an enumerator
-    return any(re.search(p, line) for line in lines for p in patterns)
+    pattern = _definition(name)
+    return any(name in line and pattern.search(line) for line in lines)
 
 
 def _meaningful(lines: Iterable[str]) -> list[str]:
@@ -143,13 +161,8 @@ def _tokens(line: str) -> list[str]:
 
 
 def _akin(a: str, b: str) -> bool:
-    """Whether `b` reads as a rename of `a`: mostly the same letters, or the same words."""
-    if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
-        return True
-    if 2 * min(len(a), len(b)) < 0.7 * (len(a) + len(b)):
-        return False
-    m = SequenceMatcher(None, a, b, autojunk=False)
-    return m.real_quick_ratio() >= 0.7 and m.quick_ratio() >= 0.7 and m.ratio() >= 0.7
+    """Whether `b` reads as a rename of `a`: anchors' rule (`akin`), the one for both."""
+    return akin(a, b)
 
 
 def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: frozenset[str],
@@ -413,6 +426,111 @@ def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
     return min(starts, key=lambda i: abs(i - near)) if starts else None
 
 
+@lru_cache(maxsize=1)
+def _fast_tmp() -> str | None:
+    """Where drift's scratch files go: a memory file system when there is one to write in
+    (GNU patch runs hundreds of times on them; a disk makes each run cost a few writes),
+    else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
+    """A patch part of which the target has while the rest still applies is a patch to
+    refresh (without the part that is there), not one that fits: each hunk that is there
+    needs attention then, saying so. When every hunk is there, or another one is in
+    conflict anyway, the hunks keep their statuses."""
+    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
+    if not any(h.status in there for h in hunks) or \
+            not all(h.status in (*there, CLEAN, OFFSET) for h in hunks) or \
+            all(h.status in there for h in hunks):
+        return hunks
+    return [replace(h, status=CONFLICT, offset=0, fuzz=0,
+                    reason=f"the patch is partly upstream: {h.reason}, while the rest of it "
+                           "is not; refresh the patch without this hunk",
+                    nearest=h.nearest)
+            if h.status in there else h for h in hunks]
+
+
+class _Carry(_Run):
+    """Drift's run of a series on a target (GNU patch underneath, as the engine runs it), with
+    two differences that make it read real history as a maintainer does:
+
+      - GNU patch's verdict stands as it says it: a hunk it places at an offset, without
+        fuzz, is offset (the engine also tries such a hunk reversed, which costs a run of
+        GNU patch per hunk and can only turn a hunk that applies into an "already there");
+      - a patch that fails still lends the later patches what of it was carried: the hunks
+        GNU patch placed, the files it creates, and the hunks drift relocated (`lend`), so
+        that one failure does not fail every later patch on the same files.
+    """
+
+    @classmethod
+    @contextmanager
+    def on(cls, series: Series, root: Path) -> Iterator[_Carry]:
+        with tempfile.TemporaryDirectory(prefix="portkit-drift-", dir=_fast_tmp()) as tmp:
+            tree = Path(tmp) / "tree"
+            tree.mkdir()
+            for rel in series.paths:
+                if (root / rel).is_file():
+                    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(root / rel, tree / rel)
+            run = cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False)
+            run._files = {rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None
+                          for rel in series.paths}
+            yield run
+
+    check_offsets = False  # also try an offset hunk reversed (see patch)
+    _files: dict[str, bytes | None]  # the tree's files, as carried so far
+
+    def _landed(self, f: FileDiff, hunk: Hunk, base: HunkResult, verdict: _Verdict,
+                at: int) -> HunkResult:
+        if verdict.fuzz or self.check_offsets:
+            return super()._landed(f, hunk, base, verdict, at)
+        return replace(base, status=H_OFFSET if verdict.offset else H_CLEAN,
+                       offset=verdict.offset, line=verdict.line)
+
+    def patch(self, patch: Patch) -> PatchResult:
+        before = {rel: self._files.get(rel) for rel in patch.paths}
+        result = self._patch(patch)
+        if any(h.status == ALREADY for h in result.hunks) and \
+                any(h.status == H_OFFSET for h in result.hunks):
+            # Part of the patch is there already: a hunk placed at an offset may be there
+            # too (one that adds a line GNU patch would add a second time elsewhere).
+            self.lend(before)
+            self.check_offsets = True
+            result = self._patch(patch)
+            self.check_offsets = False
+        if not result.applied and not result.problems:
+            created = [f.path for f in patch.files if f.status == "created"]
+            self.lend({rel: (self.trial / rel).read_bytes() for rel in created
+                       if (self.trial / rel).is_file()})
+        return result
+
+    def _patch(self, patch: Patch) -> PatchResult:
+        """The engine's run of one patch (_Run.patch), without emptying the try folder
+        each time: only the patch's own files are laid there, which is all GNU patch
+        reads."""
+        self.trial.mkdir(exist_ok=True)
+        lay_down(self.trial, {rel: self._files.get(rel) for rel in patch.paths})
+        result = PatchResult(patch, [], applied=False)
+        for f in patch.files:
+            self._file(patch, f, result)
+        result.applied = not result.problems and not result.failed
+        if result.applied:
+            self.lend({rel: (self.trial / rel).read_bytes() if (self.trial / rel).is_file()
+                       else None for rel in patch.paths})
+        return result
+
+    def lend(self, files: dict[str, bytes | None]) -> None:
+        """Later patches see these files so (None: absent)."""
+        lay_down(self.tree, files)
+        self._files.update(files)
+
+    def files(self) -> dict[str, bytes | None]:
+        """Every file the series touches, as carried so far (None: absent)."""
+        return dict(self._files)
+
+
 class _Target:
     """One target: the engine's run of the series on it, and the follow-up of failed hunks."""
 
@@ -430,11 +548,21 @@ class _Target:
         self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
         self.follow_lines = False  # map the index's lines into `current` (see _line_now)
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
+        self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
 
     def run(self) -> TargetDrift:
-        with apply_hunks(self.series, self.target.root, fuzz=FUZZ_LIMIT) as result:
-            self.current = result.files
-            patches = [self.patch(presult) for presult in result.patches]
+        """The series patch by patch on the target, each on the files as the earlier ones
+        were carried (what of them landed, relocated hunks included; see _Carry)."""
+        patches = []
+        with _Carry.on(self.series, self.target.root) as carry:
+            for patch in self.series.patches:
+                presult = carry.patch(patch)
+                self.current = carry.files()
+                self.landings.clear()
+                patches.append(self.patch(presult))
+                if not presult.applied:
+                    carry.lend({landing.file: self.current[landing.file]
+                                for landing in self.landings.values()})
         return TargetDrift(self.target.label, self.target.pin, tuple(patches))
 
     def patch(self, presult: PatchResult) -> PatchDrift:
@@ -451,11 +579,12 @@ class _Target:
                     f"the feature upstream ({self.upstream[patch.subject]})", line))
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
-                                    hr.reason, line))
+                                    hr.reason, line, hr.line))
         if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
             where = patch.paths[0] if patch.paths else patch.name
             hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                      for problem in presult.problems or ["the patch changes no text"]]
+        hunks = _partly_there(hunks)
         there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
         return PatchDrift(patch.name, patch.subject, tuple(hunks),
                           () if there else tuple(self.semantic(patch)))
@@ -463,81 +592,41 @@ class _Target:
     # -- one hunk ----------------------------------------------------------------------
 
     def _hunk(self, patch: Patch, hunk: Hunk, status: str, offset: int, fuzz: int,
-              reason: str, patch_line: int) -> HunkDrift:
+              reason: str, patch_line: int, found: int | None = None) -> HunkDrift:
         base_sym = self.base_symbol(hunk)
         name = base_sym.qualname if base_sym else None
         if status in (H_CLEAN, H_OFFSET, H_FUZZ):
-            upstream = self.upstream_in_place(hunk, base_sym)
-            if upstream:
-                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
-                                 f"it applies as text, but {upstream}", patch_line, symbol=name)
-            wrong = self.misplaced(hunk, base_sym) if status == H_FUZZ else ""
-            if wrong:
-                return HunkDrift(hunk.path, hunk.old_start, CONFLICT, wrong, patch_line,
-                                 symbol=name, nearest=self.nearest(hunk, hunk.path, None))
+            # Text first: where GNU patch places a hunk, that is its verdict. No presence
+            # rule and no locator overrules it (they may only be wrong where text is not).
             mapped = {H_CLEAN: CLEAN, H_OFFSET: OFFSET, H_FUZZ: FUZZ}[status]
             said = "applies as it is" if mapped == CLEAN else (
                 f"applies {offset:+d} lines away" + (f" with fuzz {fuzz}" if fuzz else ""))
+            note = self.review_note(hunk)
+            if note:
+                said += f"; to review: upstream may have it already ({note})"
             return HunkDrift(hunk.path, hunk.old_start, mapped, said, patch_line, offset, fuzz,
                              name)
         if status == ALREADY:
             return HunkDrift(hunk.path, hunk.old_start, ALREADY_APPLIED,
                              "the target has exactly this change (it reverse-applies)",
-                             patch_line, symbol=name)
+                             patch_line, symbol=name,
+                             nearest=Nearest(hunk.path, found, "\n".join(
+                                 hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
 
-    def upstream_in_place(self, hunk: Hunk, base_sym: Symbol | None) -> str:
-        """For a hunk that lands: does the target already have what it adds, by the new
-        names it brings (upstream's own version of the same change)?"""
-        known = self.base.words.get(hunk.path, self.base.all_words)
-        if all(w in known for w in identifiers(hunk.added)):
-            return ""  # it brings no new name
-        if base_sym is not None:
-            cand, _ = self.located(base_sym)
-            if cand is not None:
-                tsym = cand.symbol
-                why = self.present(hunk, tsym.file, (tsym.start_line, tsym.end_line),
-                                   verbatim=False)
-                return f"{tsym.qualname} in the target has it already: {why}" if why else ""
-        why = self.present(hunk, hunk.path, None, verbatim=False)
-        return f"{hunk.path} in the target has it already: {why}" if why else ""
-
-    def misplaced(self, hunk: Hunk, base_sym: Symbol | None) -> str:
-        """Why a hunk that GNU patch places only with fuzz lands in the wrong place, or "":
-        inside a function, it must land in what that function became; between definitions,
-        next to what its neighbours became."""
-        trial = self._trial(hunk, hunk.path, hunk.old_start, {}, None, upstream=True)
-        if trial is None or hunk.path not in self.target.index.files:
+    def review_note(self, hunk: Hunk) -> str:
+        """For a hunk that applies: a function or declaration it adds that upstream seems to
+        have added under an akin name (a note only: the hunk's status is what text says)."""
+        if hunk.removed or hunk.path not in self.target.index.files:
             return ""
-        line = trial[0]
-        if base_sym is not None:
-            cand, _ = self.located(base_sym)
-            if cand is None:  # what it went to is unknown: GNU patch's place stands
-                return ""
-            tsym = cand.symbol
-            overloads = [s for s in self.target.index.find(tsym.qualname, (tsym.kind,))
-                         if s.file == hunk.path] or [tsym]
-            if any(s.start_line - 3 <= line <= s.end_line + 3 for s in overloads):
-                return ""
-            return (f"it belongs in {tsym.qualname} ({tsym.where}); GNU patch would force it "
-                    f"in at line {line} with fuzz")
-        before, after = self.neighbours(hunk)
-        said = []
-        for sym, side in ((before, "after"), (after, "before")):
-            if sym is None:
-                continue
-            cand, _ = self.located(sym)
-            if cand is None:
-                said.append(f"{sym.qualname}, which it goes {side}, is not in the target")
-                continue
-            tsym = cand.symbol
-            if tsym.file == hunk.path and (
-                    (side == "after" and tsym.end_line - 1 <= line <= tsym.end_line + 8) or
-                    (side == "before" and tsym.start_line - 8 <= line <= tsym.start_line + 1)):
-                return ""
-            said.append(f"it goes {side} {sym.qualname}, which is at {tsym.where}")
-        return "; ".join(said) + f"; GNU patch would force it in at line {line} with fuzz" \
-            if said else ""
+        known = self.base.file_words(hunk.path)
+        if not any(_defines(w, hunk.added) for w in identifiers(hunk.added) if w not in known):
+            return ""  # it defines no new name
+        text = self.target.text(hunk.path)
+        if text is None:
+            return ""
+        place = Place(self, hunk, hunk.path, None, text.splitlines())
+        return there_under_upstreams_names(place)
 
     def between(self, hunk: Hunk) -> str:
         """What a hunk between definitions goes next to, and whether the target has it."""
@@ -624,10 +713,15 @@ class _Target:
                     f"{' (' + where.strip() + ')' if where.strip() else ''}; found by "
                     f"{cand.strategy}", patch_line, offset, fuzz, name,
                     Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
+            near = self.nearest(hunk, tsym.file, (tsym.start_line, tsym.end_line))
+            into = self.base_start(hunk) + 1 - base_sym.start_line
+            line = near.line if near is not None else min(
+                tsym.start_line + max(into, 0), tsym.end_line)
             return HunkDrift(hunk.path, hunk.old_start, CONFLICT,
                              f"context changed in {tsym.qualname} ({tsym.where})", patch_line,
-                             symbol=name, nearest=self.nearest(hunk, tsym.file,
-                                                               (tsym.start_line, tsym.end_line)))
+                             symbol=name, nearest=near,
+                             moved_to=Moved(tsym.file, line, tsym.qualname,
+                                            cand.strategy or "similarity"))
         if self._current(hunk.path) is not None:
             upstream = self.present(hunk, hunk.path, None)
             if upstream and base_sym is None:
@@ -753,20 +847,14 @@ class _Target:
         new_len = sum(1 for ln in body if ln[:1] in (" ", "+"))
         text = (f"--- a/{rel}\n+++ b/{rel}\n"
                 f"@@ -{old_start},{old_len} +{old_start},{new_len} @@\n" + "\n".join(body) + "\n")
-        trial = parse_patch("relocated.patch", text.encode("utf-8", errors="surrogateescape"))
-        with tempfile.TemporaryDirectory(prefix="portkit-relocate-") as tmp:
-            root = Path(tmp)
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(current)
-            with apply_hunks([trial], root, fuzz=FUZZ_LIMIT) as result:
-                landed = result.patches[0].hunks[0]
-                after = result.files.get(rel)
-        if landed.landed and landed.line is not None:
-            if span is not None and not span[0] <= landed.line <= span[1]:
+        found = self._gnu_trial(rel, current, text)
+        if found is not None:
+            line, offset, fuzz, after = found
+            if span is not None and not span[0] <= line <= span[1]:
                 return None  # the context is elsewhere: not inside the symbol it went to
-            if not upstream and after is not None:
-                self.landings[_hunk_key(hunk)] = Landing(rel, after, landed.fuzz)
-            return landed.line, landed.offset, landed.fuzz
+            if not upstream:
+                self._landed(hunk, Landing(rel, after, fuzz))
+            return line, offset, fuzz
         if span is None or hunk.removed:
             return None
         lines = current.decode("utf-8", errors="surrogateescape").splitlines()
@@ -778,50 +866,58 @@ class _Target:
             landing = _insert(current, placed, [spell(x) for x in hunk.old_lines],
                               _changed_offset(hunk), [spell(x) for x in hunk.added])
             if landing is not None:
-                self.landings[_hunk_key(hunk)] = replace(landing, file=rel)
+                self._landed(hunk, replace(landing, file=rel))
         return placed + 1, placed + 1 - old_start - _changed_offset(hunk), 0
+
+    def _gnu_trial(self, rel: str, current: bytes,
+                   section: str) -> tuple[int, int, int, bytes] | None:
+        """GNU patch's run of one hunk (`section`, a one-hunk diff of `rel`) on `current`, as
+        the engine runs it, in a scratch folder kept for all trials: (line, offset, fuzz,
+        the file after) where it lands, or None. Where it lands is its verdict (text
+        first: no reverse trial)."""
+        if self._room is None:
+            self._room = tempfile.TemporaryDirectory(prefix="portkit-trial-", dir=_fast_tmp())
+        root = Path(self._room.name)
+        shutil.rmtree(root / "t", ignore_errors=True)
+        (root / "t" / rel).parent.mkdir(parents=True)
+        (root / "t" / rel).write_bytes(current)
+        (root / "s.diff").write_bytes(section.encode("utf-8", errors="surrogateescape"))
+        _, out = _gnu(["--force", "--verbose", "-p1", "--no-backup-if-mismatch",
+                       "--reject-file=-", f"--fuzz={FUZZ_LIMIT}", "-i", str(root / "s.diff")],
+                      root / "t")
+        verdict = _verdicts(out).get(1)
+        if verdict is None or verdict.word != "succeeded" or not (root / "t" / rel).is_file():
+            return None
+        return verdict.line, verdict.offset, verdict.fuzz, (root / "t" / rel).read_bytes()
+
+    def _landed(self, hunk: Hunk, landing: Landing) -> None:
+        """Keep where a hunk was relocated to; in drift's own run, the later hunks and
+        patches see the file with it (the series as carried)."""
+        self.landings[_hunk_key(hunk)] = landing
+        if not self.follow_lines:
+            self.current[landing.file] = landing.data
 
     # -- already there ----------------------------------------------------------------
 
     def present(self, hunk: Hunk, rel: str, span: tuple[int, int] | None, *,
                 verbatim: bool = True) -> str:
         """Why the target as upstream has it (its file `rel`, within `span` lines) has the
-        hunk's change already, or "" when it does not: every meaningful added line is there
-        and no removed line is left (`verbatim`); or every name the hunk brings that the base
-        does not have is used there."""
+        failed hunk's change already, or "": the first rule of PRESENCE_RULES that holds
+        says why (without `verbatim`, the rules that read lines as they are are skipped).
+        Only for a hunk that does not apply: none of these overrules one that does."""
         text = self.target.text(rel)
         if text is None:
             return ""
         lines = text.splitlines()
         if span is not None:
             lines = lines[max(span[0] - 1, 0):span[1]]
-        flat_lines = [flat(line) for line in lines]
-        here = set(flat_lines)
-        added = _meaningful(hunk.added)
-        removed = [r for r in _meaningful(hunk.removed) if r not in set(added)]
-        if verbatim and added and all(a in here for a in added):
-            # The lines it removes must be gone from where the added ones are (the same
-            # line may well stay elsewhere in the function).
-            at = [i for i, f in enumerate(flat_lines) if f in set(added)]
-            reach = len(hunk.old_lines) + 2
-            near = set(flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
-            if not any(r in near for r in removed):
-                return f"all {len(added)} added lines are there"
-        if verbatim and not added and removed and not any(r in here for r in removed):
-            return f"the {len(removed)} lines it removes are gone"
-        known = self.base.words.get(hunk.path, self.base.all_words)
-        new_names = [w for w in identifiers(hunk.added) if w not in known]
-        if not new_names or any(r in here for r in removed):
-            return ""
-        words = set(_IDENT.findall("\n".join(lines)))
-        # A name the hunk defines may be defined anywhere in the target; one it only uses
-        # must be used right there.
-        defined = {w for w in new_names if _defines(w, hunk.added)}
-        missing = [w for w in new_names if w not in words
-                   and not (w in defined and self.target.index.find(w))]
-        if not missing:
-            return f"it has {', '.join(new_names[:4])}" + (" ..." if len(new_names) > 4 else "")
-        return self.present_renamed(hunk, rel, span, removed)
+        place = Place(self, hunk, rel, span, lines)
+        for rule in PRESENCE_RULES:
+            if verbatim or not rule.verbatim:
+                why = rule.holds(place)
+                if why:
+                    return why
+        return ""
 
     def present_renamed(self, hunk: Hunk, rel: str, span: tuple[int, int] | None,
                         removed: list[str]) -> str:
@@ -890,11 +986,34 @@ class _Target:
             for i in where.get(key, ()):
                 votes[i - pos] += 1
         if not votes:
+            votes = self._alike_votes(old, lines, lo, min(hi, len(lines)))
+        if not votes:
             return None
-        start, _ = max(votes.items(), key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
+        start, count = max(votes.items(),
+                           key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
+        if count < 2:
+            return None  # a line or two alike anywhere is no place: better none than a wrong one
         start = max(start, 0)
         text = "\n".join(lines[start:start + max(len(old), 1)][:12])
         return Nearest(rel, start + 1, text)
+
+    @staticmethod
+    def _alike_votes(old: list[str], lines: list[str], lo: int, hi: int) -> Counter[int]:
+        """Where the hunk's old lines are, when none of them is there as it was (upstream
+        renamed what they use): each line votes for the lines between `lo` and `hi` that use
+        mostly the same names (at least 3 of them, 60% alike)."""
+        votes: Counter[int] = Counter()
+        words = [frozenset(identifiers([line])) for line in old]
+        if not any(len(w) >= 3 for w in words):
+            return votes
+        theirs = [frozenset(identifiers([lines[i]])) for i in range(lo, hi)]
+        for pos, mine in enumerate(words):
+            if len(mine) < 3:
+                continue
+            for i, other in enumerate(theirs):
+                if other and len(mine & other) >= 0.6 * len(mine | other):
+                    votes[lo + i - pos] += 1
+        return votes
 
     def nearest_anywhere(self, hunk: Hunk) -> Nearest | None:
         """For a hunk whose file is gone: the nearest match in the target file of the same
@@ -909,9 +1028,17 @@ class _Target:
                 continue
             text = self.target.index.source(rel).decode("utf-8", errors="replace")
             shared = len(wanted & {flat(x) for x in text.splitlines()})
-            if shared and (best is None or shared > best[0]):
+            if shared >= max(2, len(wanted) / 2) and (best is None or shared > best[0]):
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
+
+    def _words_now(self, rel: str) -> frozenset[str]:
+        """The names in the target's file `rel` as the series is carried (its own added
+        files and lines included)."""
+        data = self._current(rel)
+        if data is None:
+            return frozenset()
+        return frozenset(_IDENT.findall(data.decode("utf-8", errors="replace")))
 
     def _current(self, rel: str) -> bytes | None:
         """The target's file as the earlier patches of the series left it."""
@@ -923,42 +1050,75 @@ class _Target:
     # -- semantic drift ----------------------------------------------------------------
 
     def semantic(self, patch: Patch) -> list[SemanticChange]:
-        """The symbols the patch's added lines use whose definition changed in the target."""
+        """The symbols the patch's added lines use whose definition changed in the target:
+        only symbols resolved without doubt (see `meanings`)."""
         added_all = [line for h in patch.hunks for line in h.added]
         defined_here = set(identifiers(added_all)) - self.base.all_words
         out: dict[str, SemanticChange] = {}
         for hunk in patch.hunks:
             receivers: dict[str, set[str]] = defaultdict(set)
+            bare: set[str] = set()
+            built: set[str] = set()
             for line in hunk.added:
                 for obj, member in _MEMBER_USE.findall(line):
                     receivers[member].add(obj)
+                bare.update(_bare_names(line))
+                built.update(_CONSTRUCTS.findall(line))
             around = self.base_symbol(hunk)
             home = (around.qualname if around and around.kind in (CLASS, ENUM)
                     else around.scope if around else "")
             for word in identifiers(hunk.added):
                 if word in defined_here or word in out:
                     continue
-                change = self.changed(word, receivers.get(word, set()), home)
+                change = self.changed(word, receivers.get(word, set()), home,
+                                      word in bare, word in built)
                 if change is not None:
                     out[word] = change
         return list(out.values())
 
-    def meanings(self, word: str, receivers: set[str], home: str) -> list[Symbol]:
-        """What `word` names in the base where the patch uses it, as C++ would look it up:
-        a member of the class its object is named after (`hparams.n_rot`: llama_hparams),
-        else a member of the class whose method the hunk is in, else whatever has the name;
-        callables first (a constructor call names its class and its constructors)."""
+    def meanings(self, word: str, receivers: set[str], home: str,
+                 bare: bool = True, built: bool = True) -> list[Symbol]:
+        """What `word` names in the base where the patch uses it, when that is known without
+        doubt; else nothing. Used on an object (`hparams.n_rot`), it is a member of the class
+        the object is named after (llama_hparams), or of the hunk's own class (`this->`);
+        used bare, a member of the class whose method the hunk is in, or else a free
+        function, macro, type, enumerator or variable with exactly one definition (a class
+        with its constructors) and no member of that name anywhere. A member name alone
+        (`dev`, `path`, `second`) never resolves."""
         found = self.base.index.find(word, _USED_KINDS)
+        if not found:
+            return []
 
         def scope_of(sym: Symbol) -> str:
             return sym.scope.rsplit("::", 1)[-1]
 
-        owned = [s for s in found if s.scope and any(scope_of(s).endswith(r) for r in receivers)]
-        if not owned and not receivers and home:
-            owned = [s for s in found if s.scope == home]
-        chosen = owned or found
+        chosen: list[Symbol] = []
+        if receivers:
+            named = {r for r in receivers if len(r) >= 3 and r != "this"}
+            chosen = [s for s in found if s.scope and any(
+                scope_of(s) == r or scope_of(s).endswith("_" + r) for r in named)]
+            if not chosen and "this" in receivers and home:
+                chosen = [s for s in found if s.scope == home]
+        elif bare:
+            if home:
+                chosen = [s for s in found if s.scope == home]
+            if not chosen:
+                free = [s for s in found if not self._member(s) or scope_of(s) == word]
+                quals = {canonical(s.qualname) for s in free if scope_of(s) != word}
+                if len(free) == len(found) and len(quals) == 1:
+                    # a class stands for its constructors only where it builds an object
+                    chosen = [s for s in free if built or scope_of(s) != word]
         return sorted(chosen, key=lambda s: (s.kind not in (FUNCTION, DECLARATION, MACRO),
                                              s.kind not in (CLASS, ENUM)))
+
+    def _member(self, sym: Symbol) -> bool:
+        """Whether `sym` is a member of a class (not a free symbol of a namespace or an
+        unscoped enum's enumerator)."""
+        if not sym.scope:
+            return False
+        owners = self.base.index.by_qualname.get(sym.scope, [])
+        return any(o.kind == CLASS for o in owners) or (
+            sym.kind != ENUMERATOR and any(o.kind == ENUM for o in owners))
 
     def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
         """Where a field or variable went when its name now means something else (a field
@@ -971,10 +1131,12 @@ class _Target:
                 and s.scope == twin.scope and s.name != sym.name
                 and (s.name.startswith(sym.name + "_") or s.name.endswith("_" + sym.name))]
 
-    def changed(self, word: str, receivers: set[str], home: str) -> SemanticChange | None:
+    def changed(self, word: str, receivers: set[str], home: str,
+                bare: bool = True, built: bool = True) -> SemanticChange | None:
         """How the symbol(s) `word` names changed in the target, or None when one meaning
-        of it is unchanged (no claim then on the others)."""
-        base_syms = self.meanings(word, receivers, home)
+        of it is unchanged (no claim then on the others), or when what it names is not
+        known without doubt."""
+        base_syms = self.meanings(word, receivers, home, bare, built)
         if not base_syms:
             return None
         by_qual = {canonical(s.qualname): s
@@ -1010,8 +1172,20 @@ class _Target:
                                       f"{cand.symbol.qualname} in the target "
                                       f"({cand.symbol.where}, {cand.strategy})")
         sym = missing[0]
+        if self._current(sym.file) is None or word in self._words_now(sym.file):
+            # Still in its file: the index missed it (a parse error). Or its whole file is
+            # not in the target: a file the fork keeps beside upstream's (its own headers),
+            # which says nothing about the name.
+            return None
         return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
                               f"in the base) is not in the target")
+
+
+def _bare_names(line: str) -> set[str]:
+    """The names a line uses on their own: not after `.`, `->` or `::`."""
+    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+    return {m.group(1) for m in re.finditer(r"(?<![\w.>:])([A-Za-z_]\w*)", code)
+            if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
 
 
 def _difference(old: Symbol, new: Symbol) -> str:
@@ -1027,6 +1201,100 @@ def _difference(old: Symbol, new: Symbol) -> str:
     if old.kind in (FIELD, VARIABLE) and canonical(old.returns) != canonical(new.returns):
         return f"{old.qualname} is {new.returns} now, not {old.returns}"
     return ""
+
+
+# -- present upstream: the rules, in order ---------------------------------------------------
+
+
+@dataclass
+class Place:
+    """Where a failed hunk's change is looked for: the target's file `rel` as upstream has
+    it, within `span` lines (its `lines`), and what each presence rule reads of the hunk."""
+
+    target: _Target
+    hunk: Hunk
+    rel: str
+    span: tuple[int, int] | None
+    lines: list[str]
+
+    @cached_property
+    def flat_lines(self) -> list[str]:
+        return [flat(line) for line in self.lines]
+
+    @cached_property
+    def here(self) -> set[str]:
+        return set(self.flat_lines)
+
+    @cached_property
+    def added(self) -> list[str]:
+        return _meaningful(self.hunk.added)
+
+    @cached_property
+    def removed(self) -> list[str]:
+        return [r for r in _meaningful(self.hunk.removed) if r not in set(self.added)]
+
+    @cached_property
+    def new_names(self) -> list[str]:
+        """The names the hunk's added lines bring that its file in the base lacks."""
+        base = self.target.base
+        known = base.words.get(self.hunk.path, base.all_words)
+        return [w for w in identifiers(self.hunk.added) if w not in known]
+
+
+def added_lines_there(p: Place) -> str:
+    """Every meaningful line the hunk adds is there, and the lines it removes are gone from
+    around them (the same line may well stay elsewhere in the function)."""
+    if not p.added or not all(a in p.here for a in p.added):
+        return ""
+    wanted = set(p.added)
+    at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
+    reach = len(p.hunk.old_lines) + 2
+    near = set(p.flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
+    return "" if any(r in near for r in p.removed) else f"all {len(p.added)} added lines are there"
+
+
+def removed_lines_gone(p: Place) -> str:
+    """A hunk that only removes lines: none of them is there any more."""
+    if p.added or not p.removed or any(r in p.here for r in p.removed):
+        return ""
+    return f"the {len(p.removed)} lines it removes are gone"
+
+
+def new_names_there(p: Place) -> str:
+    """Every name the hunk brings is there (used right there; one it defines, defined
+    anywhere in the target), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    words = set(_IDENT.findall("\n".join(p.lines)))
+    defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
+    index = p.target.target.index
+    if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):
+        return ""
+    return f"it has {', '.join(p.new_names[:4])}" + (" ..." if len(p.new_names) > 4 else "")
+
+
+def there_under_upstreams_names(p: Place) -> str:
+    """Every meaningful added line is there once the names the target lacks are read as
+    the akin names upstream gained (`present_renamed`), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    return p.target.present_renamed(p.hunk, p.rel, p.span, p.removed)
+
+
+@dataclass(frozen=True)
+class PresenceRule:
+    name: str
+    holds: Callable[[Place], str]
+    verbatim: bool  # reads the lines as they are (skipped where only names can tell)
+
+
+# The one ordered table: the first rule that holds says why a failed hunk is upstream.
+PRESENCE_RULES: tuple[PresenceRule, ...] = (
+    PresenceRule("added lines there", added_lines_there, True),
+    PresenceRule("removed lines gone", removed_lines_gone, True),
+    PresenceRule("new names there", new_names_there, False),
+    PresenceRule("there under upstream's names", there_under_upstreams_names, False),
+)
 
 
 # -- the whole report --------------------------------------------------------------------

@@ -1,0 +1,261 @@
+"""The rules `portkit drift` follows on real vendor bumps (issue 17), each on small C++/CMake
+fixtures written here: text first (GNU patch's verdict), presence rules only for hunks that
+do not apply (one ordered table, each rule positive and negative), semantic drift only for
+symbols resolved without doubt, the series' own earlier patches in the target's view, and
+one rename-likeness rule shared with the anchors."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from portkit import drift_model as dm
+from portkit.anchors import _name_likeness, akin
+from portkit.drift import (
+    PRESENCE_RULES,
+    DriftInput,
+    Place,
+    _akin,
+    _Target,
+    added_lines_there,
+    drift,
+    new_names_there,
+    removed_lines_gone,
+    there_under_upstreams_names,
+)
+from portkit.series import read_series
+from portkit.tree import detect
+
+STUB = "// the library\n"
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    for rel, text in {"src/llama.cpp": STUB, **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def _diff(rel: str, before: str | None, after: str | None) -> str:
+    old = before.splitlines(keepends=True) if before is not None else []
+    new = after.splitlines(keepends=True) if after is not None else []
+    head = (f"diff --git a/{rel} b/{rel}\n"
+            + ("new file mode 100644\n" if before is None else ""))
+    body = "".join(difflib.unified_diff(old, new, "/dev/null" if before is None else f"a/{rel}",
+                                        f"b/{rel}", n=3))
+    return head + body
+
+
+def _series(root: Path, patches: list[list[str]]) -> Path:
+    root.mkdir(parents=True)
+    for number, sections in enumerate(patches, 1):
+        (root / f"{number:04d}-p{number}.patch").write_text(
+            f"From: A <a@b.c>\nSubject: [PATCH] p{number}\n\n---\n" + "".join(sections))
+    return root
+
+
+def _run(tmp: Path, base: dict[str, str], target: dict[str, str],
+         patches: list[list[str]]) -> dm.TargetDrift:
+    series = _series(tmp / "series", patches)
+    job = DriftInput(read_series(series), str(series), detect(_tree(tmp / "base", base)),
+                     [("t", detect(_tree(tmp / "target", target)))])
+    return drift(job).targets[0]
+
+
+FUNC = """\
+int f(int x) {
+    int y = x + 1;
+    return y;
+}
+
+int g(int x) {
+    return x * 2;
+}
+"""
+
+
+# -- text first -------------------------------------------------------------------------------
+
+def test_text_first_a_hunk_that_applies_is_never_present_upstream(tmp_path):
+    """The target already uses every name the hunk brings (upstream has `y_max` elsewhere):
+    the hunk still applies as text, so it is offset, not present-upstream."""
+    base = "// one\n// two\n// three\n// four\n" + FUNC
+    after = base.replace("    return y;\n", "    if (y > y_max) y = y_max;\n    return y;\n")
+    target = "static const int y_max = 8;\n\n" + base + "int h() { return y_max; }\n"
+    t = _run(tmp_path, {"src/a.cpp": base}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", base, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.OFFSET, hunk.reason
+
+
+def test_text_first_the_locator_does_not_overrule_a_fuzz_landing(tmp_path):
+    """GNU patch places the hunk with fuzz; that is its verdict, even though the function its
+    context came from was renamed in the target."""
+    base = ("int alpha() {\n    int a = 1;\n    int b = 2;\n    int c = 3;\n"
+            "    return a + b + c;\n}\n")
+    after = base.replace("    int c = 3;\n", "    int c = 3;\n    c += 1;\n")
+    target = base.replace("alpha", "alpha_renamed").replace("int a = 1;", "int a = 10;")
+    t = _run(tmp_path, {"src/a.cpp": base}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", base, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.FUZZ, hunk.reason
+
+
+def test_a_patch_partly_upstream_needs_a_refresh(tmp_path):
+    """One hunk is upstream already (it reverse-applies), the other still applies: the patch
+    must be refreshed without the first one, so that hunk needs attention."""
+    base = FUNC + "\n" + "\n".join(f"int pad{i};" for i in range(20)) + "\n\nint k = 1;\n"
+    after = base.replace("    return y;\n", "    y += 2;\n    return y;\n").replace(
+        "int k = 1;\n", "int k = 2;\n")
+    target = base.replace("    return y;\n", "    y += 2;\n    return y;\n")
+    t = _run(tmp_path, {"src/a.cpp": base}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", base, after)]])
+    statuses = [h.status for h in t.patches[0].hunks]
+    assert statuses == [dm.CONFLICT, dm.OFFSET]
+    assert "partly upstream" in t.patches[0].hunks[0].reason
+    assert t.patches[0].status == dm.CONFLICT
+
+
+# -- the presence rules: one ordered table, each positive and negative --------------------
+
+def test_presence_rules_are_one_ordered_table():
+    assert [r.holds for r in PRESENCE_RULES] == [
+        added_lines_there, removed_lines_gone, new_names_there, there_under_upstreams_names]
+
+
+def _place(tmp: Path, base: str, target: str, hunk_text: str) -> Place:
+    series = _series(tmp / "series", [[hunk_text]])
+    s = read_series(series)
+    job_base = detect(_tree(tmp / "base", {"src/a.cpp": base}))
+    job_target = detect(_tree(tmp / "target", {"src/a.cpp": target}))
+    from portkit.drift import Side, _patterns
+    t = _Target(s, Side("base", job_base.llama_root, _patterns(s)),
+                Side("t", job_target.llama_root, _patterns(s)))
+    hunk = s.patches[0].hunks[0]
+    return Place(t, hunk, "src/a.cpp", None, target.splitlines())
+
+
+def test_rule_added_lines_there(tmp_path):
+    after = FUNC.replace("    return y;\n", "    y = clamp_y(y);\n    return y;\n")
+    hunk = _diff("src/a.cpp", FUNC, after)
+    yes = _place(tmp_path / "yes", FUNC, after.replace("x + 1", "x + 2"), hunk)
+    assert added_lines_there(yes) == "all 1 added lines are there"
+    no = _place(tmp_path / "no", FUNC, FUNC.replace("x + 1", "x + 2"), hunk)
+    assert added_lines_there(no) == ""
+
+
+def test_rule_removed_lines_gone(tmp_path):
+    after = FUNC.replace("    int y = x + 1;\n", "")
+    hunk = _diff("src/a.cpp", FUNC, after)
+    yes = _place(tmp_path / "yes", FUNC, after.replace("return y", "return x + 1"), hunk)
+    assert removed_lines_gone(yes) == "the 1 lines it removes are gone"
+    no = _place(tmp_path / "no", FUNC, FUNC.replace("return y", "return y + 0"), hunk)
+    assert removed_lines_gone(no) == ""
+
+
+def test_rule_new_names_there(tmp_path):
+    after = FUNC.replace("    return y;\n", "    trace_value(y, TRACE_LEVEL);\n    return y;\n")
+    hunk = _diff("src/a.cpp", FUNC, after)
+    used = FUNC.replace("    return y;\n", "    trace_value(TRACE_LEVEL, y);\n    return y;\n")
+    assert new_names_there(_place(tmp_path / "yes", FUNC, used, hunk)) == \
+        "it has trace_value, TRACE_LEVEL"
+    half = FUNC.replace("    return y;\n", "    trace_value(y);\n    return y;\n")
+    assert new_names_there(_place(tmp_path / "no", FUNC, half, hunk)) == ""
+
+
+def test_rule_there_under_upstreams_names(tmp_path):
+    add = "int llama_n_ctx_per_seq(int n) {\n    return n / seq_count();\n}\n"
+    after = FUNC + "\n" + add
+    hunk = _diff("src/a.cpp", FUNC, after)
+    renamed = FUNC + "\n" + add.replace("llama_n_ctx_per_seq", "llama_n_ctx_seq")
+    yes = _place(tmp_path / "yes", FUNC, renamed, hunk)
+    assert there_under_upstreams_names(yes) == "it has llama_n_ctx_per_seq as llama_n_ctx_seq"
+    other = FUNC + "\n" + add.replace("llama_n_ctx_per_seq", "batch_limit")
+    assert there_under_upstreams_names(_place(tmp_path / "no", FUNC, other, hunk)) == ""
+
+
+# -- one rename-likeness rule ----------------------------------------------------------------
+
+def test_rename_likeness_is_one_rule_for_drift_and_anchors():
+    for a, b in (("q4_0", "q4_1"), ("LLM_TYPE_47M", "LLM_TYPE_537M")):
+        assert not akin(a, b) and not _akin(a, b) and _name_likeness(a, b) == 0.0
+    assert akin("llama_n_ctx_per_seq", "llama_n_ctx_seq") and _akin("n_ctx_per_seq", "n_ctx_seq")
+    assert akin("kv_cache_unified", "unified_kv_cache")  # the same words
+    assert not akin("llama_n_ctx_per_seq", "llama_batch_limit")
+
+
+# -- semantic drift: only symbols resolved without doubt ---------------------------------
+
+HEADER = """\
+struct layer_dev {
+    int dev;
+    int path;
+};
+
+struct llama_hparams {
+    int n_rot;
+};
+
+int helper(int a);
+"""
+
+
+@pytest.mark.parametrize(("line", "symbol"), [
+    # a member name alone never resolves: a lambda parameter, a pair's field, another object
+    ("    auto pick = [](int dev) { return dev + 1; };\n", None),
+    ("    int s = entry.path + it.second;\n", None),
+    # the receiver names its type: llama_hparams::n_rot, removed in the target
+    ("    int r = hparams.n_rot;\n", "n_rot"),
+    # a free function with one definition whose signature changed
+    ("    int h = helper(1);\n", "helper"),
+])
+def test_semantic_drift_only_for_symbols_resolved_without_doubt(tmp_path, line, symbol):
+    new_header = HEADER.replace("    int dev;\n", "").replace("    int path;\n", "").replace(
+        "    int n_rot;\n", "    int n_rot_full;\n").replace("int helper(int a);",
+                                                           "int helper(int a, int b);")
+    body = "#include \"a.h\"\n\nint use() {\n    int x = 0;\n    return x;\n}\n"
+    after = body.replace("    int x = 0;\n", "    int x = 0;\n" + line)
+    t = _run(tmp_path, {"src/a.h": HEADER, "src/a.cpp": body},
+             {"src/a.h": new_header, "src/a.cpp": body}, [[_diff("src/a.cpp", body, after)]])
+    found = [s.symbol for s in t.patches[0].semantic]
+    assert found == ([symbol] if symbol else []), t.patches[0].semantic
+
+
+# -- the sequential view: earlier patches lend what they create ---------------------------
+
+CMAKE = """\
+add_library(ggml
+            ggml.c
+            ggml-alloc.c)
+target_link_libraries(ggml PRIVATE m)
+"""
+
+
+def test_a_failing_patch_still_lends_the_file_it_creates(tmp_path):
+    """Patch 1 creates mem_probe.cpp and adds it to CMakeLists.txt, where its context is gone
+    (a conflict); patch 2 changes mem_probe.cpp: that file is in its target, so it applies."""
+    created = "int mem_probe() {\n    return 0;\n}\n"
+    listed = CMAKE.replace("ggml-alloc.c)", "ggml-alloc.c\n            mem_probe.cpp)")
+    changed = created.replace("return 0;", "return 1;")
+    target_cmake = CMAKE.replace("ggml.c\n            ggml-alloc.c)", "ggml-core.c)")
+    t = _run(tmp_path, {"ggml/src/CMakeLists.txt": CMAKE},
+             {"ggml/src/CMakeLists.txt": target_cmake},
+             [[_diff("ggml/src/CMakeLists.txt", CMAKE, listed),
+               _diff("ggml/src/mem_probe.cpp", None, created)],
+              [_diff("ggml/src/mem_probe.cpp", created, changed)]])
+    assert t.patches[0].status == dm.CONFLICT
+    assert t.patches[1].status == dm.CLEAN, t.patches[1].hunks[0].reason
+
+
+def test_a_declaration_an_earlier_patch_adds_is_not_removed(tmp_path):
+    """Patch 1 declares debug_hook in a header it creates; patch 2 calls it. The base tree of
+    the fork has the header, upstream's does not: the name is not "removed" there."""
+    header = "void debug_hook(int node);\n"
+    body = "#include \"a.h\"\n\nint use() {\n    int x = 0;\n    return x;\n}\n"
+    after = body.replace("    int x = 0;\n", "    int x = 0;\n    debug_hook(x);\n")
+    t = _run(tmp_path, {"src/a.cpp": body, "src/hook.h": header}, {"src/a.cpp": body},
+             [[_diff("src/a.cpp", body, after)]])
+    assert t.patches[0].status == dm.CLEAN and t.patches[0].semantic == ()
