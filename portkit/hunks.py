@@ -371,7 +371,14 @@ class _Run:
                 (self.trial / f.new_path).unlink(missing_ok=True)
             return
         if not f.hunks:
+            problems = len(result.problems)
             self._hunkless(f, result)
+            if f.text_free and f.status != "modified" or f.mode_changed:
+                # what git apply does from the header alone is a change the report shows
+                carried = len(result.problems) == problems
+                result.hunks.append(HunkResult(
+                    patch.name, f.path, 0, 0, CLEAN if carried else FAILED,
+                    reason="" if carried else result.problems[-1], hunk=f.header_hunk()))
             return
         # A hunk GNU patch placed but whose new side turns out to be there already is taken
         # out, and the file patched again without it (GNU patch would have doubled it).

@@ -20,6 +20,8 @@ from __future__ import annotations
 import posixpath
 
 RECORD_FOLDER = ".portkit"
+# git's modes of a file: what a patch's mode lines say and what a tree's files are
+REGULAR, EXECUTABLE, SYMLINK = 0o100644, 0o100755, 0o120000
 
 # Code points HFS+ ignores when it compares names (git's is_hfs_dotgit skips them too).
 _HFS_IGNORED = frozenset([*range(0x200C, 0x2010), *range(0x202A, 0x202F),

@@ -27,6 +27,9 @@ from unidiff.patch import Hunk as UnidiffHunk
 from unidiff.patch import PatchedFile, PatchSet
 
 from portkit.errors import PortkitError, SpecError
+from portkit.paths import EXECUTABLE as EXECUTABLE  # git's modes, for readers of FileDiff
+from portkit.paths import REGULAR as REGULAR
+from portkit.paths import SYMLINK as SYMLINK
 from portkit.paths import link_problem, path_problem
 from portkit.proc import git
 
@@ -41,8 +44,6 @@ RFC2047_WIDTH = 76
 T = TypeVar("T")
 Kind = Literal["format-patch", "quilt", "plain"]
 FileStatus = Literal["modified", "created", "deleted", "renamed", "copied"]
-
-REGULAR, EXECUTABLE, SYMLINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 
 
 class UnreadablePatch(SpecError):
@@ -155,6 +156,12 @@ class FileDiff:
         if self.new_mode != SYMLINK or not self.hunks:
             return None
         return "".join(self.hunks[-1].new_lines)
+
+    def header_hunk(self) -> Hunk:
+        """A hunk of no line standing for a text-free section (a rename, a copy, a mode
+        change), so that a per-hunk report has a row for it; patch_index -1: no @@ line."""
+        return Hunk(self.path, 0, 0, 0, 0, "", (), (), (), (), 0, -1,
+                    "@@ -0,0 +0,0 @@\n")
 
     @property
     def text_free(self) -> bool:
