@@ -117,7 +117,7 @@ class TreeFiles:
         self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # paths under .portkit that this writer may touch: portkit's record and journal
         # (every other path under .portkit or .git is refused, see refuse_owned)
-        self.own: set[str] = {_journal_rel(), _journal_rel() + ".tmp"}
+        self.own: set[str] = set()
 
     def _refuse(self, rel: str) -> None:
         refuse_owned(self.root, rel, rel in self.own)
@@ -458,6 +458,8 @@ def _plan(files: TreeFiles, action: str, changes: Sequence[Change]) -> Journal:
     made: list[str] = []
     removed: list[tuple[str, int]] = []
     mask = _umask()
+    for change in changes:  # all of them before anything is written
+        refuse_owned(files.root, change.rel, change.record)
     for change in changes:
         if isinstance(change, RemoveFolder):
             mode = files.folder_mode(change.rel)
@@ -542,6 +544,7 @@ def _perform(files: TreeFiles, journal: Journal, changes: Sequence[Change]) -> N
 
 
 def _commit(files: TreeFiles) -> None:
+    files.own.add(_journal_rel())
     files.remove(_journal_rel())
     _Outcome.state = "the change was complete"
     checkpoint("committed")
@@ -551,6 +554,7 @@ def _roll_back(files: TreeFiles, journal: Journal) -> None:
     """Put every journaled file and folder back as it was. Safe to repeat at any point."""
     # the journal is portkit's own: what it lists under .portkit is the record (.git stays
     # refused whatever it lists)
+    files.own.update([_journal_rel(), _journal_rel() + ".tmp"])
     files.own.update(f.rel for f in journal.files)
     files.own.update(journal.made_folders)
     files.own.update(rel for rel, _ in journal.removed_folders)
@@ -606,6 +610,7 @@ def transaction(root: Path, action: str, changes: Sequence[Change]) -> Iterator[
 def recover(root: Path) -> Journal | None:
     """Roll back the transaction a killed process left (the caller holds the lock)."""
     with TreeFiles(root) as files:
+        files.own.add(_journal_rel() + ".tmp")
         files.remove(_journal_rel() + ".tmp")  # never completed: nothing written
         try:
             found = files.read(_journal_rel())
