@@ -119,13 +119,19 @@ def test_renames_copies_and_links_into_git_are_refused(fixture_git_tree, tmp_pat
     assert not (tree / "src" / "cfg").is_symlink()
 
 
-def test_drift_reports_a_patch_into_git_as_that_patchs_verdict(fixture_tree, tmp_path):
-    tree = fixture_tree("old")
+KINDS = [b".git/config", b".git/hooks/post-checkout", b".git/index", b".portkit/.journal",
+         b".portkit/s/state.json"]
+
+
+@pytest.mark.parametrize("path", KINDS, ids=[p.decode() for p in KINDS])
+def test_drift_reports_a_patch_into_git_as_that_patchs_verdict(fixture_git_tree, tmp_path,
+                                                               path):
+    tree = fixture_git_tree("old")
     graph = first_line(tree, GRAPH)
     good = mail(b"good", edit_of(GRAPH.encode(), graph, graph + b" // good"))
     folder = series_of(tmp_path / "s", {
         "0001-good.patch": good,
-        "0002-evil.patch": mail(b"evil", creation(b".git/hooks/post-checkout"))})
+        "0002-evil.patch": mail(b"evil", creation(path))})
     before = everything(tree)
     result = invoke("drift", "--series", str(folder), "--tree", str(tree), "--base", str(tree),
                     "--format", "json")
@@ -133,17 +139,20 @@ def test_drift_reports_a_patch_into_git_as_that_patchs_verdict(fixture_tree, tmp
     patches = json.loads(result.stdout)["targets"][0]["patches"]
     assert [(p["file"], p["status"]) for p in patches] == [
         ("0001-good.patch", "clean"), ("0002-evil.patch", "conflict")]
-    assert "refusing .git/hooks/post-checkout" in patches[1]["hunks"][0]["reason"]
+    assert f"refusing {path.decode()}" in patches[1]["hunks"][0]["reason"]
     assert everything(tree) == before
 
 
-def test_rebase_refuses_a_series_into_git(fixture_tree, tmp_path):
-    tree = fixture_tree("old")
-    folder = series_of(tmp_path / "s", {"0001-evil.patch": mail(b"evil", creation(b".git/config"))})
+@pytest.mark.parametrize("path", KINDS, ids=[p.decode() for p in KINDS])
+def test_rebase_refuses_a_series_into_git(fixture_git_tree, tmp_path, path):
+    tree = fixture_git_tree("old")
+    folder = series_of(tmp_path / "s", {"0001-evil.patch": mail(b"evil", creation(path))})
+    before = everything(tree)
     result = invoke("rebase", "--series", str(folder), "--base", str(tree), "--onto", str(tree),
                     "--out", str(tmp_path / "out"))
-    assert result.exit_code == 9 and ".git/config" in one_line(result)
+    assert result.exit_code == 9 and path.decode() in one_line(result)
     assert not (tmp_path / "out").exists()
+    assert everything(tree) == before
 
 
 @pytest.mark.parametrize("rel", [".git/config", ".git/hooks/post-checkout", ".git/index",
