@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ from portkit.series import (
 )
 from portkit.series import (
     PORTKIT,
+    REGULAR,
     Conventions,
     Series,
     next_number,
@@ -139,7 +141,20 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
     Worked out by the per-hunk engine (GNU patch, offsets allowed, no fuzz) on copies in a
     private folder of the cache: `root` is only read. Any hunk that does not land is an
     ApplyConflict naming the patch, the file and the hunk."""
+    return {rel: None if entry is None else entry[0]
+            for rel, entry in patched_files(root, files, patches, reverse).items()}
+
+
+def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
+                  reverse: bool = False) -> dict[str, tuple[bytes, int] | None]:
+    """patched_contents with git's mode of each file (REGULAR, EXECUTABLE, SYMLINK: then the
+    bytes are the link's target). A symbolic link in the tree is read, never followed, only
+    where the series itself says the file is one."""
     parsed = [parse_patch(name, text) for name, text in patches]
+    # every path the series names: a record lists the files present after it only
+    files = list(dict.fromkeys([*files, *(p for patch in parsed for p in patch.paths)]))
+    links = {p for patch in parsed for f in patch.files if f.is_symlink
+             for p in (f.old_path, f.new_path) if p is not None}
     folders = cache_dir("scratch")
     sweep(folders)  # what killed processes left
     with scratch(folders, ".copy-") as private:
@@ -147,10 +162,15 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
         work.mkdir()
         with TreeFiles(root) as tree_files:
             for rel in files:
-                found = tree_files.read(rel)
+                found = tree_files.read(rel, links=rel in links)
                 if found is not None:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                    if stat.S_ISLNK(found[1].st_mode):
+                        os.symlink(found[0], work / rel)
+                        continue
                     (work / rel).write_bytes(found[0])
+                    if found[1].st_mode & 0o100:
+                        (work / rel).chmod(0o755)
         with apply_hunks(parsed, work, fuzz=0, reverse=reverse) as result:
             failed = next((h for h in result.hunks if not h.landed), None)
             if failed is not None:
@@ -159,9 +179,12 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
             problem = next((p for r in result.patches for p in r.problems), None)
             if problem is not None:
                 raise ApplyConflict(problem)
-            return {rel: result.files.get(rel, (work / rel).read_bytes()
-                                          if (work / rel).is_file() else None)
-                    for rel in files}
+            out: dict[str, tuple[bytes, int] | None] = {}
+            for rel in files:
+                data = result.files.get(rel, (work / rel).read_bytes()
+                                        if (work / rel).is_file() else None)
+                out[rel] = None if data is None else (data, result.modes.get(rel, REGULAR))
+            return out
 
 
 @contextmanager
@@ -386,16 +409,16 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
         if tree.series_dir and _is_fork(tree) else []
     _refuse_unwritable([tree.llama_root / f for f in files] + copies)
     patches = [(p.name, p.data) for p in series.patches]
-    patched = patched_contents(tree.llama_root, files, patches)
+    patched = patched_files(tree.llama_root, files, patches)
     copy_rels = [c.relative_to(tree.root).as_posix() for c in copies]
     record = record_rel(name)
-    changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None
-                             else Delete(in_llama(tree, rel)) for rel, data in patched.items()]
+    changes: list[Change] = [Write(in_llama(tree, rel), *entry) if entry is not None
+                             else Delete(in_llama(tree, rel)) for rel, entry in patched.items()]
     changes += [Write(rel, data) for rel, (_, data) in zip(copy_rels, patches, strict=False)]
-    changes += [Write(f"{record}/{patch}", data) for patch, data in patches]
-    touched = {rel: data for rel, data in patched.items() if data is not None}
+    changes += [Write(f"{record}/{patch}", data, record=True) for patch, data in patches]
+    touched = {rel: entry[0] for rel, entry in patched.items() if entry is not None}
     changes.append(Write(f"{record}/state.json",
-                         state_json(tree, name, patches, touched, copy_rels)))
+                         state_json(tree, name, patches, touched, copy_rels), record=True))
     with transaction(tree.root, f"apply of {name}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
@@ -425,15 +448,15 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
     present = _refuse_edited_copies(tree, record)
     _refuse_unwritable([tree.llama_root / f for f in record.files])
     try:
-        restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
+        restored = patched_files(tree.llama_root, record.files, record.series, reverse=True)
     except ApplyConflict as exc:
         raise _changed_since(feature, record, exc) from exc
     folder = record_rel(feature)
-    changes: list[Change] = [Write(in_llama(tree, rel), data) if data is not None
-                             else Delete(in_llama(tree, rel)) for rel, data in restored.items()]
+    changes: list[Change] = [Write(in_llama(tree, rel), *entry) if entry is not None
+                             else Delete(in_llama(tree, rel)) for rel, entry in restored.items()]
     changes += [Delete(rel) for rel in present]
-    changes += [Delete(f"{folder}/{name}") for name, _ in record.series]
-    changes += [Delete(f"{folder}/state.json"), RemoveFolder(folder)]
+    changes += [Delete(f"{folder}/{name}", record=True) for name, _ in record.series]
+    changes += [Delete(f"{folder}/state.json", record=True), RemoveFolder(folder, record=True)]
     with transaction(tree.root, f"reverse of {feature}", changes):
         pass
     return Outcome(REVERSED, mails, record.files, [str(tree.root / c) for c in present])

@@ -60,6 +60,7 @@ from portkit.hunks import (
     ALREADY,
     HunkResult,
     PatchResult,
+    _copy_in,
     _gnu,
     _Run,
     _Verdict,
@@ -470,11 +471,12 @@ class _Carry(_Run):
         with tempfile.TemporaryDirectory(prefix="portkit-drift-", dir=_fast_tmp()) as tmp:
             tree = Path(tmp) / "tree"
             tree.mkdir()
+            modes = {}
             for rel in series.paths:
-                if (root / rel).is_file():
-                    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(root / rel, tree / rel)
-            run = cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False)
+                mode = _copy_in(root / rel, tree / rel)
+                if mode is not None:
+                    modes[rel] = mode
+            run = cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False, modes)
             run._files = {rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None
                           for rel in series.paths}
             yield run

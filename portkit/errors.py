@@ -96,6 +96,12 @@ class InputError(PortkitError):
     exit_code = 12
 
 
+class UnreadablePatch(InputError):
+    """One patch file of a series cannot be read (not a patch, a malformed diff, a path no
+    patch may name): the message names the file and why. `drift` reports it as that
+    patch's verdict; elsewhere it refuses the series."""
+
+
 class FileError(PortkitError):
     """Reading or writing a file failed for a reason of the system's (an OSError portkit did
     not expect: no space left, permission denied, a file that vanished)."""

@@ -20,15 +20,26 @@ import functools
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 
 from portkit.errors import InputError, ToolFailed, ToolMissing
-from portkit.series import FileDiff, Hunk, Patch, Series, quote_path
+from portkit.paths import path_problem
+from portkit.series import (
+    EXECUTABLE,
+    REGULAR,
+    SYMLINK,
+    FileDiff,
+    Hunk,
+    Patch,
+    Series,
+    quote_path,
+)
 from portkit.transaction import checkpoint
 
 CLEAN, OFFSET, FUZZ, ALREADY, FAILED = "clean", "offset", "fuzz", "already-applied", "failed"
@@ -100,6 +111,9 @@ class SeriesResult:
     files: dict[str, bytes | None]  # final bytes of every touched file; None: absent
     scratch: Path  # the scratch copy of the touched files, laid out as in the tree
     _tmp: tempfile.TemporaryDirectory[str] = field(repr=False)
+    # git's mode of every touched file that is present at the end (REGULAR, EXECUTABLE or
+    # SYMLINK); a symbolic link's bytes in `files` (and in the scratch) are its target
+    modes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -138,30 +152,49 @@ def apply_hunks(series: Series | Sequence[Patch], root: Path, *, fuzz: int = DEF
         tree = base / "tree"
         tree.mkdir()
         paths = list(dict.fromkeys(p for patch in patches for p in patch.paths))
+        modes = {}
         for rel in paths:
-            if (root / rel).is_file():
-                (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(root / rel, tree / rel)
-        run = _Run(tree, base / "try", 0 if exact else fuzz, reverse, exact)
+            mode = _copy_in(root / rel, tree / rel)
+            if mode is not None:
+                modes[rel] = mode
+        run = _Run(tree, base / "try", 0 if exact else fuzz, reverse, exact, modes)
         results = [run.patch(patch) for patch in patches]
         files = {rel: ((tree / rel).read_bytes() if (tree / rel).is_file() else None)
                  for rel in paths}
     except BaseException:
         tmp.cleanup()
         raise
-    return SeriesResult(results, files, tree, tmp)
+    return SeriesResult(results, files, tree, tmp,
+                        {rel: run.modes.get(rel, REGULAR) for rel, data in files.items()
+                         if data is not None})
+
+
+def _copy_in(src: Path, dst: Path) -> int | None:
+    """Copy a tree's file into the scratch, never following a symbolic link: a link is
+    copied as a file holding its target (its text in a git diff). Its git mode, None when
+    there is no file."""
+    try:
+        st = src.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        data, mode = os.fsencode(os.readlink(src)), SYMLINK
+    elif stat.S_ISREG(st.st_mode):
+        data, mode = src.read_bytes(), EXECUTABLE if st.st_mode & 0o100 else REGULAR
+    else:
+        return None
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(data)
+    return mode
 
 
 def _refuse_unsafe_paths(patch: Patch) -> None:
-    """A hostile series must not reach outside the scratch copy."""
+    """A hostile series must not reach outside the scratch copy (parse_patch refuses such
+    paths already: this holds for a Patch made some other way too)."""
     for f in patch.files:
         for path in (f.old_path, f.new_path):
-            if path is None:
-                continue
-            pure = PurePosixPath(path)
-            if pure.is_absolute() or ".." in pure.parts or "\0" in path:
-                raise InputError(f"{patch.name}: refusing the path {path!r} "
-                                   "(absolute or with ..)")
+            if path is not None and (problem := path_problem(path)):
+                raise InputError(f"{patch.name}: refusing {quote_path(path)}: {problem}")
 
 
 @functools.cache
@@ -251,7 +284,11 @@ def _section(f: FileDiff, hunks: Sequence[str]) -> str:
             if key:
                 path = f.old_path if key.group(2) == "from" else f.new_path
                 out.append(f"{key.group(0)}{quote_path(path or '')}\n")
-            elif not line.startswith("index "):
+            elif line.startswith(("new file mode ", "deleted file mode ")):
+                # modes are the engine's own business (_Run.modes): GNU patch sees every
+                # file, a symbolic link too, as a regular file holding its text
+                out.append(line.rsplit(" ", 1)[0] + " 100644\n")
+            elif not line.startswith(("index ", "old mode ", "new mode ")):
                 out.append(line if line.endswith("\n") else line + "\n")
     if hunks:
         out += [f"--- {old}\n", f"+++ {new}\n"]
@@ -262,12 +299,14 @@ def _section(f: FileDiff, hunks: Sequence[str]) -> str:
 class _Run:
     """One application of a series: the scratch tree, and a try folder for each patch."""
 
-    def __init__(self, tree: Path, trial: Path, fuzz: int, reverse: bool, exact: bool) -> None:
+    def __init__(self, tree: Path, trial: Path, fuzz: int, reverse: bool, exact: bool,
+                 modes: dict[str, int]) -> None:
         self.tree = tree
         self.trial = trial
         self.fuzz = fuzz
         self.reverse = reverse
         self.exact = exact
+        self.modes = modes  # git's mode of each file present in the scratch tree
 
     def patch(self, patch: Patch) -> PatchResult:
         shutil.rmtree(self.trial, ignore_errors=True)
@@ -281,6 +320,8 @@ class _Run:
             self._file(patch, f, result)
         result.applied = not result.problems and not result.failed
         if result.applied:
+            for f in patch.files:
+                self._carry_mode(f)
             for rel in patch.paths:
                 src, dst = self.trial / rel, self.tree / rel
                 if src.is_file():
@@ -289,6 +330,22 @@ class _Run:
                 else:
                     dst.unlink(missing_ok=True)
         return result
+
+    def _carry_mode(self, f: FileDiff) -> None:
+        """The file's git mode once the patch is in (or out, reversed), as git apply sets it:
+        the side's own mode where the patch says it, else the mode the file had."""
+        old, new = (f.new_path, f.old_path) if self.reverse else (f.old_path, f.new_path)
+        old_mode, new_mode = (f.new_mode, f.old_mode) if self.reverse else (f.old_mode,
+                                                                             f.new_mode)
+        had = self.modes.get(old, REGULAR) if old is not None else REGULAR
+        moved = old != new and not f.is_copy
+        if old is not None and (new is None or moved):
+            self.modes.pop(old, None)
+        if f.is_copy and self.reverse:
+            self.modes.pop(f.new_path or "", None)  # the copy goes; its source stays
+            return
+        if new is not None:
+            self.modes[new] = new_mode if f.git and new_mode is not None else had
 
     def _args(self, patch_file: Path, *, reverse: bool, dry_run: bool) -> list[str]:
         return ["--force", "--verbose", "-p1", "--no-backup-if-mismatch", "--reject-file=-",
@@ -305,8 +362,23 @@ class _Run:
         if f.binary:
             result.problems.append(f"{f.path}: binary patch (portkit does not apply those)")
             return
+        if self.reverse and f.is_copy and f.new_path is not None:
+            # A copy taken out is its new file taken out: its hunks undone on it, then it goes.
+            done = len(result.hunks)
+            self._file(patch, replace(f, old_path=f.new_path, status="modified", extended=()),
+                       result)
+            if not result.problems and all(h.landed for h in result.hunks[done:]):
+                (self.trial / f.new_path).unlink(missing_ok=True)
+            return
         if not f.hunks:
+            problems = len(result.problems)
             self._hunkless(f, result)
+            if f.text_free and f.status != "modified" or f.mode_changed:
+                # what git apply does from the header alone is a change the report shows
+                carried = len(result.problems) == problems
+                result.hunks.append(HunkResult(
+                    patch.name, f.path, 0, 0, CLEAN if carried else FAILED,
+                    reason="" if carried else result.problems[-1], hunk=f.header_hunk()))
             return
         # A hunk GNU patch placed but whose new side turns out to be there already is taken
         # out, and the file patched again without it (GNU patch would have doubled it).
@@ -432,8 +504,10 @@ class _Run:
         """A rename, mode change or empty-file creation or deletion, without hunks."""
         old = f.new_path if self.reverse else f.old_path
         new = f.old_path if self.reverse else f.new_path
-        if f.status == "modified" and not (f.header("old mode") and f.header("new mode")):
-            return  # nothing to do (an `index` line alone)
+        if f.status == "modified":
+            if f.mode_changed and not (self.trial / f.path).is_file():
+                result.problems.append(f"{f.path}: file missing (to change its mode)")
+            return  # a mode change (_carry_mode) or an `index` line alone: no text to patch
         if old is not None and new is not None and old != new:
             if not (self.trial / old).exists():
                 if not (self.trial / new).exists():

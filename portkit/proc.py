@@ -38,7 +38,10 @@ def run(
     name = command_name(argv)
     try:
         with subprocess.Popen(
-            argv, cwd=cwd, env=env, text=True, stdin=subprocess.DEVNULL,
+            # bytes that are not UTF-8 (a patch's Latin-1 line, a path) come through as they
+            # are: surrogateescape, as portkit reads every patch
+            argv, cwd=cwd, env=env, text=True, errors="surrogateescape",
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
         ) as child:

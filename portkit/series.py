@@ -26,7 +26,11 @@ from unidiff.errors import UnidiffParseError
 from unidiff.patch import Hunk as UnidiffHunk
 from unidiff.patch import PatchedFile, PatchSet
 
-from portkit.errors import InputError, PortkitError, ToolFailed
+from portkit.errors import FileError, InputError, PortkitError, ToolFailed, UnreadablePatch
+from portkit.paths import EXECUTABLE as EXECUTABLE  # git's modes, for readers of FileDiff
+from portkit.paths import REGULAR as REGULAR
+from portkit.paths import SYMLINK as SYMLINK
+from portkit.paths import link_problem, path_problem
 from portkit.proc import git
 
 ZERO_COMMIT = "0" * 40
@@ -95,6 +99,71 @@ class FileDiff:
                 return line[len(key) + 1:].rstrip("\n")
         return None
 
+    @property
+    def old_mode(self) -> int | None:
+        """git's mode of the file before the patch (REGULAR, EXECUTABLE, SYMLINK), from `old
+        mode`, `deleted file mode` or the `index` line; None when absent before or unsaid."""
+        if self.old_path is None:
+            return None
+        return _mode(self.header("old mode") or self.header("deleted file mode")
+                     or self._index_mode())
+
+    @property
+    def new_mode(self) -> int | None:
+        """git's mode of the file after the patch; None when the patch deletes it or says
+        nothing (a diff without git's header)."""
+        if self.new_path is None:
+            return None
+        return _mode(self.header("new mode") or self.header("new file mode")
+                     or self._index_mode())
+
+    def _index_mode(self) -> str | None:
+        index = self.header("index")
+        return index.split()[1] if index and len(index.split()) > 1 else None
+
+    @property
+    def mode_changed(self) -> bool:
+        return (self.old_mode is not None and self.new_mode is not None
+                and self.old_mode != self.new_mode)
+
+    @property
+    def rename_from(self) -> str | None:
+        """The source of a rename or a copy (the path the new file is made from)."""
+        return self.old_path if self.status in ("renamed", "copied") else None
+
+    @property
+    def rename_to(self) -> str | None:
+        """The target of a rename or a copy."""
+        return self.new_path if self.status in ("renamed", "copied") else None
+
+    @property
+    def is_copy(self) -> bool:
+        return self.status == "copied"
+
+    @property
+    def is_symlink(self) -> bool:
+        """The file is a symbolic link on either side (mode 120000)."""
+        return SYMLINK in (self.old_mode, self.new_mode)
+
+    @property
+    def link_target(self) -> str | None:
+        """What a symbolic link the patch leaves points to (its new side's text)."""
+        if self.new_mode != SYMLINK or not self.hunks:
+            return None
+        return "".join(self.hunks[-1].new_lines)
+
+    def header_hunk(self) -> Hunk:
+        """A hunk of no line standing for a text-free section (a rename, a copy, a mode
+        change), so that a per-hunk report has a row for it; patch_index -1: no @@ line."""
+        return Hunk(self.path, 0, 0, 0, 0, "", (), (), (), (), 0, -1,
+                    "@@ -0,0 +0,0 @@\n")
+
+    @property
+    def text_free(self) -> bool:
+        """Nothing to do to any line: a rename, a copy, a mode change or an empty file made
+        or removed, all of which `git apply` (and GNU patch) do from the header alone."""
+        return not self.hunks and not self.binary
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -147,6 +216,35 @@ class Patch:
                     seen[p] = None
         return tuple(seen)
 
+    @property
+    def conventions(self) -> Conventions:
+        """How this patch alone is written (its diffstat, `index` lines and their digits, its
+        signature, ...): a series that mixes styles keeps each patch's own when it is
+        written again."""
+        return detect_conventions([self])
+
+    def with_diff(self, diff: str) -> Patch:
+        """This patch with `diff` (as git shows it) for its diff, written as the patch itself
+        is: its header byte for byte (mbox line, From, Date, Subject, MIME headers, message:
+        raw bytes stay raw), its diffstat made again where it has one, `index` lines only
+        where it has them, the same signature block and line ends."""
+        if not any(f.header("index") for f in self.files):
+            diff = re.sub(r"^index .*\n", "", diff, flags=re.M)
+        header = self.header
+        if self.stat is not None:
+            try:
+                stat = diffstat(diff)
+            except PortkitError:
+                stat = self.stat  # a binary file: git's own figures stay
+            cut = header.rfind("---\n" + self.stat)
+            if cut >= 0:
+                at = cut + len("---\n")
+                header = header[:at] + stat + header[at + len(self.stat):]
+        text = header + diff + self.trailer
+        if self.crlf:
+            text = text.replace("\n", "\r\n")
+        return parse_patch(self.name, text.encode("utf-8", "surrogateescape"), strip=self.strip)
+
 
 @dataclass(frozen=True)
 class Conventions:
@@ -173,32 +271,53 @@ OLLAMA = Conventions()
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A file of the series that is not a patch portkit can read, kept byte for byte: its
+    verdict is `reason` (one line naming the file), never the whole series' refusal."""
+
+    name: str  # relative to the series folder
+    position: int  # where it sits in the series (among all its files, from 0)
+    reason: str
+    data: bytes = field(repr=False)
+    strip: int = 1
+
+
+@dataclass(frozen=True)
 class Series:
     folder: Path
     kind: Kind
-    patches: tuple[Patch, ...]
+    patches: tuple[Patch, ...]  # the patches portkit could read, in series order
     conventions: Conventions
     series_file: bytes | None = field(default=None, repr=False)  # quilt's, byte for byte
+    unreadable: tuple[Unreadable, ...] = ()  # only from read_series(..., lenient=True)
 
     @property
     def paths(self) -> tuple[str, ...]:
         """Every tree path the series reads or writes, in first-seen order."""
         return tuple(dict.fromkeys(p for patch in self.patches for p in patch.paths))
 
+    def in_order(self) -> list[Patch | Unreadable]:
+        """Every file of the series, read or not, in series order."""
+        out: list[Patch | Unreadable] = list(self.patches)
+        for bad in sorted(self.unreadable, key=lambda u: u.position):
+            out.insert(min(bad.position, len(out)), bad)
+        return out
+
     def write(self, folder: Path) -> list[Path]:
         """Write every patch (and quilt's series file) into `folder`. An unchanged series is
         written byte for byte as it was read."""
         written = []
-        for patch in self.patches:
+        entries = self.in_order()
+        for patch in entries:
             path = folder / patch.name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(patch.data)
             written.append(path)
         if self.kind == "quilt":
             listed = self.series_file if self.series_file is not None else b""
-            if _quilt_names(listed) != [(p.name, p.strip) for p in self.patches]:
+            if _quilt_names(listed) != [(p.name, p.strip) for p in entries]:
                 listed = "".join(p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
-                                 for p in self.patches).encode("utf-8", "surrogateescape")
+                                 for p in entries).encode("utf-8", "surrogateescape")
             (folder / "series").write_bytes(listed)
             written.append(folder / "series")
         return written
@@ -208,9 +327,13 @@ class Series:
 # Reading
 
 
-def read_series(path: Path) -> Series:
+def read_series(path: Path, *, lenient: bool = False) -> Series:
     """A series folder: a quilt folder (it has a `series` file, or `path` is one), or a folder
-    of .patch/.diff files in name order (format-patch mails or plain diffs)."""
+    of .patch/.diff files in name order (format-patch mails or plain diffs).
+
+    A file that is not a readable patch (not a diff, a malformed one, a path no patch may
+    name) is an UnreadablePatch naming it; with `lenient`, it is left out of `patches` and
+    kept in `unreadable` with its reason instead, and the rest of the series is read."""
     if path.is_file() and path.name == "series":
         path = path.parent
     if not path.is_dir():
@@ -220,30 +343,43 @@ def read_series(path: Path) -> Series:
         try:
             series_file = listing.read_bytes()
         except OSError as exc:
-            raise InputError(f"{listing}: cannot read it ({exc.strerror})") from exc
-        entries = _quilt_entries(listing, series_file)
-        patches = tuple(_read_patch(path, name, strip) for name, strip in entries)
+            raise FileError(f"{listing}: cannot read it ({exc.strerror})") from exc
+        entries = _quilt_entries(listing, series_file, lenient)
         kind: Kind = "quilt"
     else:
         series_file = None
         try:
-            files = sorted(p for p in path.iterdir()
-                           if p.is_file() and p.suffix in PATCH_SUFFIXES)
+            entries = [(p.name, 1) for p in sorted(path.iterdir())
+                       if p.is_file() and p.suffix in PATCH_SUFFIXES]
         except OSError as exc:
-            raise InputError(f"{path}: cannot list it ({exc.strerror})") from exc
-        patches = tuple(_read_patch(path, p.name, 1) for p in files)
-        kind = "format-patch" if any(p.is_mail for p in patches) else "plain"
-    if not patches:
+            raise FileError(f"{path}: cannot list it ({exc.strerror})") from exc
+        kind = "plain"
+    patches: list[Patch] = []
+    unreadable: list[Unreadable] = []
+    for position, (name, strip) in enumerate(entries):
+        try:
+            patches.append(_read_patch(path, name, strip))
+        except UnreadablePatch as exc:
+            if not lenient:
+                raise
+            data = (path / name).read_bytes() if (path / name).is_file() else b""
+            unreadable.append(Unreadable(name, position, exc.message, data, strip))
+    if not entries:
         raise InputError(f"{path}: no patches in it")
-    return Series(path, kind, patches, detect_conventions(patches), series_file)
+    if kind == "plain" and any(p.is_mail for p in patches):
+        kind = "format-patch"
+    return Series(path, kind, tuple(patches), detect_conventions(patches), series_file,
+                  tuple(unreadable))
 
 
 def _read_patch(folder: Path, name: str, strip: int) -> Patch:
     path = folder / name
+    if not path.is_file():
+        raise UnreadablePatch(f"{folder / 'series'}: {name} does not exist")
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read it ({exc.strerror})") from exc
+        raise UnreadablePatch(f"{path}: cannot read it ({exc.strerror})") from exc
     return parse_patch(name, data, strip=strip, where=str(path))
 
 
@@ -262,7 +398,7 @@ def _quilt_names(data: bytes) -> list[tuple[str, int]]:
     return entries
 
 
-def _quilt_entries(listing: Path, data: bytes) -> list[tuple[str, int]]:
+def _quilt_entries(listing: Path, data: bytes, lenient: bool) -> list[tuple[str, int]]:
     try:
         entries = _quilt_names(data)
     except ValueError as exc:
@@ -273,7 +409,7 @@ def _quilt_entries(listing: Path, data: bytes) -> list[tuple[str, int]]:
         if pure.is_absolute() or ".." in pure.parts or not (folder / name).resolve(
                 ).is_relative_to(folder):
             raise InputError(f"{listing}: {name} is outside the series folder")
-        if not (folder / name).is_file():
+        if not lenient and not (folder / name).is_file():
             raise InputError(f"{listing}: {name} does not exist")
     return entries
 
@@ -283,7 +419,7 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
     where = where or name
     text = data.decode("utf-8", "surrogateescape")
     if not text.strip():
-        raise InputError(f"{where}: empty patch")
+        raise UnreadablePatch(f"{where}: empty patch")
     ends = text.count("\n")
     crlf = ends > 0 and text.count("\r\n") == ends
     if crlf:
@@ -291,12 +427,14 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
     lines = _lines(text)
     start = _diff_start(lines)
     if start is None:
-        raise InputError(f"{where}: no diff in it (not a patch)")
+        raise UnreadablePatch(f"{where}: no diff in it (not a patch)")
     diff_lines = lines[start:]
     patchset, cut = _parse_diff(where, diff_lines)
     if not patchset:
-        raise InputError(f"{where}: no diff in it (not a patch)")
+        raise UnreadablePatch(f"{where}: no diff in it (not a patch)")
     head = _read_head(lines[:start])
+    if not head.subject and (head.author is not None or head.commit is not None):
+        head.subject = _subject_from_name(name)  # a mail without Subject: its file stands in
     files = tuple(_file_diff(where, f, strip, diff_lines[:cut], offset)
                   for f, offset in zip(patchset, _hunk_offsets(patchset), strict=True))
     return Patch(
@@ -305,6 +443,14 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
         date=head.date, subject=head.subject, body=head.body, stat=head.stat,
         number=head.number, total=head.total, subject_prefix=head.prefix, strip=strip,
         crlf=crlf, files=files, patchset=patchset)
+
+
+def _subject_from_name(name: str) -> str:
+    """A subject made of a patch's file name: `0003-fix-the-cache.patch` says "fix the cache"."""
+    stem = PurePosixPath(name).name
+    for suffix in PATCH_SUFFIXES:
+        stem = stem.removesuffix(suffix)
+    return re.sub(r"^\d+-", "", stem).replace("-", " ").strip() or stem
 
 
 def _lines(text: str) -> list[str]:
@@ -337,7 +483,7 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
         return PatchSet("".join(lines)), len(lines)
     except UnidiffParseError as exc:
         detail = str(exc).strip().split("\n")[0]
-        raise InputError(f"{where}: malformed diff ({detail})") from exc
+        raise UnreadablePatch(f"{where}: malformed diff ({detail})") from exc
 
 
 def _hunk_offsets(patchset: PatchSet) -> list[int]:
@@ -354,7 +500,7 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
     old = _tree_path(where, f.source_file, strip)
     new = _tree_path(where, f.target_file, strip)
     if old is None and new is None:
-        raise InputError(f"{where}: a diff from /dev/null to /dev/null")
+        raise UnreadablePatch(f"{where}: a diff from /dev/null to /dev/null")
     info = list(f.patch_info or [])
     git = bool(info) and info[0].startswith("diff --git ")
     if not git and old and new and old != new:
@@ -368,8 +514,23 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
                           else "modified" if old == new else "copied" if copied else "renamed")
     path = new or old
     assert path is not None
+    named = [p for p in (old, new) if p is not None]
+    named += [unquote_path(line.rstrip("\n").split(" ", 2)[2]) for line in extended
+              if re.match(r"(rename|copy) (from|to) ", line)]
+    for name in named:
+        if problem := path_problem(name):
+            raise UnreadablePatch(f"{where}: refusing {quote_path(name)}: {problem}")
     hunks = tuple(_hunk(path, h, i, first_index + i, lines) for i, h in enumerate(f))
-    return FileDiff(old, new, status, f.is_binary_file, git, extended, hunks)
+    diff = FileDiff(old, new, status, f.is_binary_file, git, extended, hunks)
+    if diff.new_mode == SYMLINK and diff.new_path is not None:
+        problem = link_problem(diff.new_path, diff.link_target or "")
+        if problem:
+            raise UnreadablePatch(f"{where}: refusing {quote_path(diff.new_path)}: {problem}")
+    return diff
+
+
+def _mode(value: str | None) -> int | None:
+    return int(value, 8) if value and re.fullmatch(r"[0-7]{6}", value) else None
 
 
 _GIT_EXTENDED = re.compile(
@@ -386,10 +547,10 @@ def _tree_path(where: str, name: str, strip: int) -> str | None:
     for _ in range(strip):
         m = re.match(r"[^/]*/+", path)
         if not m:
-            raise InputError(f"{where}: cannot strip {strip} components from {name}")
+            raise UnreadablePatch(f"{where}: cannot strip {strip} components from {name}")
         path = path[m.end():]
     if not path:
-        raise InputError(f"{where}: {name} names no file")
+        raise UnreadablePatch(f"{where}: {name} names no file")
     return path
 
 
@@ -434,8 +595,9 @@ def _read_head(lines: list[str]) -> _Head:
     diffstat."""
     head = _Head()
     i = 0
-    if lines and (m := re.match(r"From ([0-9a-f]{40}) ", lines[0])):
-        head.commit, i = m.group(1), 1
+    if lines and lines[0].startswith("From ") and not lines[0].startswith("From: "):
+        m = re.match(r"From ([0-9a-f]{40}) ", lines[0])  # any mbox From line; git's has the id
+        head.commit, i = (m.group(1) if m else None), 1
     headers, i = _headers(lines, i)
     if headers:
         author = headers.get("from") or headers.get("author")
@@ -571,7 +733,9 @@ def quote_path(name: str) -> str:
 
 
 def detect_conventions(patches: Sequence[Patch]) -> Conventions:
-    """The conventions most of the series follows."""
+    """The conventions most of the series follows (format-patch's defaults for no patch)."""
+    if not patches:
+        return Conventions()
     mails = [p for p in patches if p.is_mail] or list(patches)
     numbers = [int(m.group(1)) for p in patches if (m := re.match(r"(\d{4})-", p.name))]
     signature = _most(p.signature for p in mails)
@@ -680,10 +844,12 @@ def _from_header(author: str) -> str:
 
 def split_author(author: str) -> tuple[str, str]:
     """Name and address of `Name <email>` (the name may be in RFC 822 quotes, and may hold a
-    comma: git's `%an <%ae>` does not quote it)."""
-    m = re.fullmatch(r"\s*(.*?)\s*<([^<>]+)>\s*", author)
+    comma: git's `%an <%ae>` does not quote it). Real series hold anything: `nobody <>` is
+    ("nobody", ""), a bare address is ("", address), a bare name is (name, "")."""
+    m = re.fullmatch(r"\s*(.*?)\s*<([^<>]*)>\s*", author, re.S)
     if not m:
-        raise InputError(f"author {author!r} is not 'Name <email>'")
+        bare = author.strip()
+        return ("", bare) if re.fullmatch(r"[^\s@<>]+@[^\s@<>]+", bare) else (bare, "")
     name = m.group(1)
     if len(name) >= 2 and name[0] == name[-1] == '"':
         name = re.sub(r"\\(.)", r"\1", name[1:-1])
@@ -704,6 +870,10 @@ def _header_text(text: str, column: int, *, address: bool) -> str:
 
 
 def _needs_rfc2047(text: str) -> bool:
+    # Bytes that are not UTF-8 (read with surrogateescape) are written back as they were:
+    # encoded as UTF-8 they would become another text.
+    if any("\udc80" <= c <= "\udcff" for c in text):
+        return False
     return _non_ascii(text) or "=?" in text
 
 

@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from portkit.errors import BusyError, RecordError, TreeError, UsageError
+from portkit.paths import EXECUTABLE, REGULAR, SYMLINK, link_problem, path_problem
+from portkit.paths import RECORD_FOLDER as RECORD_FOLDER
 
-RECORD_FOLDER = ".portkit"
 JOURNAL = ".journal"
 LOCK = ".lock"
 JOURNAL_SCHEMA = "portkit-journal/1"
@@ -90,6 +91,19 @@ def path_parts(rel: str) -> list[str]:
     return parts
 
 
+def refuse_owned(root: Path, rel: str, own: bool = False) -> None:
+    """The last word on where portkit writes: never into a path git or portkit keeps its own
+    files in (portkit.paths), whatever asked for it; `own` lets portkit's record, under
+    .portkit, through (never .git)."""
+    if own and (rel == RECORD_FOLDER or rel.startswith(RECORD_FOLDER + "/")):
+        rel_inside = rel[len(RECORD_FOLDER) + 1:]
+        problem = path_problem(rel_inside) if rel_inside else None
+    else:
+        problem = path_problem(rel)
+    if problem:
+        raise TreeError(f"{root / rel}: portkit does not write there ({problem})")
+
+
 def _link_error(root: Path, parts: Sequence[str]) -> TreeError:
     return TreeError(f"{root.joinpath(*parts)} is a symbolic link or not a folder: portkit "
                      f"does not write through links")
@@ -101,6 +115,12 @@ class TreeFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # paths under .portkit that this writer may touch: portkit's record and journal
+        # (every other path under .portkit or .git is refused, see refuse_owned)
+        self.own: set[str] = set()
+
+    def _refuse(self, rel: str) -> None:
+        refuse_owned(self.root, rel, rel in self.own)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -129,8 +149,9 @@ class TreeFiles:
             raise
         return fd
 
-    def read(self, rel: str) -> tuple[bytes, os.stat_result] | None:
-        """Bytes and status of a regular file, None if there is none at `rel`."""
+    def read(self, rel: str, *, links: bool = False) -> tuple[bytes, os.stat_result] | None:
+        """Bytes and status of a regular file, None if there is none at `rel`. With `links`,
+        a symbolic link there is read too (never followed): its target, and its lstat."""
         *folders, name = path_parts(rel)
         try:
             dfd = self.folder(folders)
@@ -139,13 +160,19 @@ class TreeFiles:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except FileNotFoundError:
+            os.close(dfd)
             return None
         except OSError as exc:
+            try:
+                if exc.errno == errno.ELOOP and links:
+                    return (os.fsencode(os.readlink(name, dir_fd=dfd)),
+                            os.stat(name, dir_fd=dfd, follow_symlinks=False))
+            finally:
+                os.close(dfd)
             if exc.errno == errno.ELOOP:
                 raise _link_error(self.root, path_parts(rel)) from exc
             raise
-        finally:
-            os.close(dfd)
+        os.close(dfd)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -172,6 +199,7 @@ class TreeFiles:
     def write(self, rel: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> None:
         """Replace `rel` by `data` atomically: readers see the old or the new file, never a
         part of one, and a crash leaves at most a temporary file beside it."""
+        self._refuse(rel)
         *folders, name = path_parts(rel)
         dfd = self.folder(folders)
         tmp = _temp_name(name)
@@ -197,7 +225,27 @@ class TreeFiles:
         finally:
             os.close(dfd)
 
+    def write_link(self, rel: str, target: bytes) -> None:
+        """Make `rel` a symbolic link to `target` atomically (made beside it, renamed over)."""
+        self._refuse(rel)
+        problem = link_problem(rel, os.fsdecode(target))
+        if problem:
+            raise TreeError(f"{self.root / rel}: portkit does not make it ({problem})")
+        *folders, name = path_parts(rel)
+        dfd = self.folder(folders)
+        tmp = _temp_name(name)
+        try:
+            _unlink_at(tmp, dfd)
+            os.symlink(target, tmp, dir_fd=dfd)
+            checkpoint(f"write:{rel}:temp")
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            checkpoint(f"write:{rel}:renamed")
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
     def remove(self, rel: str) -> None:
+        self._refuse(rel)
         *folders, name = path_parts(rel)
         try:
             dfd = self.folder(folders)
@@ -222,6 +270,7 @@ class TreeFiles:
             os.close(dfd)
 
     def make_folder(self, rel: str, mode: int = 0o777) -> None:
+        self._refuse(rel)
         *folders, name = path_parts(rel)
         dfd = self.folder(folders)
         try:
@@ -235,6 +284,7 @@ class TreeFiles:
 
     def remove_folder(self, rel: str) -> None:
         """Remove an empty folder (absent already: fine)."""
+        self._refuse(rel)
         *folders, name = path_parts(rel)
         try:
             dfd = self.folder(folders)
@@ -289,17 +339,24 @@ def sha256(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class Write:
-    """Make the file at `rel` (relative to the tree's root) hold `data`."""
+    """Make the file at `rel` (relative to the tree's root) hold `data`. `mode` is git's:
+    REGULAR or EXECUTABLE set the permissions as git does (the file's own, the execute bits
+    cleared or added where it can be read), SYMLINK makes a symbolic link to `data`; None
+    keeps the file's permissions. `record`: portkit's record under .portkit, the one place
+    under it a change may write."""
 
     rel: str
     data: bytes
+    mode: int | None = None
+    record: bool = False
 
 
 @dataclass(frozen=True)
 class Delete:
-    """Remove the file at `rel` (absent already: fine)."""
+    """Remove the file (or symbolic link) at `rel` (absent already: fine)."""
 
     rel: str
+    record: bool = False
 
 
 @dataclass(frozen=True)
@@ -307,6 +364,7 @@ class RemoveFolder:
     """Remove the folder at `rel`, which the changes before it leave empty."""
 
     rel: str
+    record: bool = False
 
 
 Change = Write | Delete | RemoveFolder
@@ -319,6 +377,7 @@ class _Original:
     mode: int
     owner: tuple[int, int] | None
     after: str | None  # sha256 the transaction gives it; None: it removes it
+    link: bool = False  # a symbolic link (`data` its target)
 
 
 @dataclass(frozen=True)
@@ -337,7 +396,7 @@ class Journal:
             "files": [{"path": f.rel, "existed": f.data is not None, "mode": f.mode,
                        "owner": list(f.owner) if f.owner else None,
                        "data": base64.b64encode(f.data).decode() if f.data is not None else None,
-                       "after_sha256": f.after} for f in self.files],
+                       "after_sha256": f.after, "link": f.link} for f in self.files],
             "made_folders": self.made_folders,
             "removed_folders": [{"path": p, "mode": m} for p, m in self.removed_folders],
         }, indent=1).encode() + b"\n"
@@ -361,7 +420,7 @@ class Journal:
                     base64.b64decode(entry["data"], validate=True) if existed else None,
                     int(entry["mode"]) & 0o7777,
                     (int(owner[0]), int(owner[1])) if owner else None,
-                    entry["after_sha256"]))
+                    entry["after_sha256"], entry.get("link") is True))
             made = [_checked(p) for p in data["made_folders"]]
             removed = [(_checked(e["path"]), int(e["mode"]) & 0o7777)
                        for e in data["removed_folders"]]
@@ -399,21 +458,24 @@ def _plan(files: TreeFiles, action: str, changes: Sequence[Change]) -> Journal:
     made: list[str] = []
     removed: list[tuple[str, int]] = []
     mask = _umask()
+    for change in changes:  # all of them before anything is written
+        refuse_owned(files.root, change.rel, change.record)
     for change in changes:
         if isinstance(change, RemoveFolder):
             mode = files.folder_mode(change.rel)
             if mode is not None:
                 removed.append((change.rel, mode))
             continue
-        current = files.read(change.rel)
+        current = files.read(change.rel, links=True)
         if current is None:
             entry = _Original(change.rel, None, 0o666 & ~mask, None, None)
         else:
             data, st = current
             entry = _Original(change.rel, data, stat.S_IMODE(st.st_mode),
-                              (st.st_uid, st.st_gid), None)
+                              (st.st_uid, st.st_gid), None, stat.S_ISLNK(st.st_mode))
         after = sha256(change.data) if isinstance(change, Write) else None
-        originals[change.rel] = _Original(entry.rel, entry.data, entry.mode, entry.owner, after)
+        originals[change.rel] = _Original(entry.rel, entry.data, entry.mode, entry.owner, after,
+                                          entry.link)
         if isinstance(change, Write):
             parts = path_parts(change.rel)[:-1]
             for depth in range(1, len(parts) + 1):
@@ -443,7 +505,24 @@ def _write_journal(files: TreeFiles, journal: Journal) -> None:
     checkpoint("journal:written")
 
 
+def _permissions(original: _Original, mode: int | None) -> int:
+    """The permissions a file written with git's `mode` gets, as git gives them."""
+    fresh = original.data is None or original.link
+    if not fresh and mode in (EXECUTABLE, REGULAR) and (
+            bool(original.mode & 0o111) == (mode == EXECUTABLE)):
+        return original.mode  # no change of kind: the file keeps its exact permissions
+    if mode == EXECUTABLE:
+        return 0o777 & ~_umask() if fresh else original.mode | (original.mode & 0o444) >> 2
+    if mode == REGULAR:
+        return 0o666 & ~_umask() if fresh else original.mode & ~0o111
+    return 0o666 & ~_umask() if original.link else original.mode
+
+
 def _perform(files: TreeFiles, journal: Journal, changes: Sequence[Change]) -> None:
+    records = [c.rel for c in changes if c.record]
+    files.own.update(records)
+    files.own.update(rel for rel in journal.made_folders
+                     if any(r.startswith(rel + "/") for r in records))
     for rel in journal.made_folders:
         files.make_folder(rel, 0o777 & ~_umask())
         checkpoint(f"mkdir:{rel}")
@@ -451,7 +530,11 @@ def _perform(files: TreeFiles, journal: Journal, changes: Sequence[Change]) -> N
     for change in changes:
         if isinstance(change, Write):
             original = modes[change.rel]
-            files.write(change.rel, change.data, original.mode, original.owner)
+            if change.mode == SYMLINK:
+                files.write_link(change.rel, change.data)
+            else:
+                files.write(change.rel, change.data, _permissions(original, change.mode),
+                            original.owner)
         elif isinstance(change, Delete):
             files.remove(change.rel)
             checkpoint(f"delete:{change.rel}")
@@ -461,6 +544,7 @@ def _perform(files: TreeFiles, journal: Journal, changes: Sequence[Change]) -> N
 
 
 def _commit(files: TreeFiles) -> None:
+    files.own.add(_journal_rel())
     files.remove(_journal_rel())
     _Outcome.state = "the change was complete"
     checkpoint("committed")
@@ -468,16 +552,26 @@ def _commit(files: TreeFiles) -> None:
 
 def _roll_back(files: TreeFiles, journal: Journal) -> None:
     """Put every journaled file and folder back as it was. Safe to repeat at any point."""
+    # the journal is portkit's own: what it lists under .portkit is the record (.git stays
+    # refused whatever it lists)
+    files.own.update([_journal_rel(), _journal_rel() + ".tmp"])
+    files.own.update(f.rel for f in journal.files)
+    files.own.update(journal.made_folders)
+    files.own.update(rel for rel, _ in journal.removed_folders)
     for rel, mode in journal.removed_folders:
         if files.folder_mode(rel) is None:
             files.make_folder(rel, mode)
     for original in reversed(journal.files):
         files.remove_temp(original.rel)
-        current = files.read(original.rel)
+        current = files.read(original.rel, links=True)
+        is_link = current is not None and stat.S_ISLNK(current[1].st_mode)
         if original.data is None:
             if current is not None:
                 files.remove(original.rel)
-        elif current is None or current[0] != original.data or (
+        elif original.link:
+            if current is None or current[0] != original.data or not is_link:
+                files.write_link(original.rel, original.data)
+        elif current is None or current[0] != original.data or is_link or (
                 stat.S_IMODE(current[1].st_mode) != original.mode):
             files.write(original.rel, original.data, original.mode, original.owner)
         checkpoint(f"rollback:{original.rel}")
@@ -516,7 +610,8 @@ def transaction(root: Path, action: str, changes: Sequence[Change]) -> Iterator[
 def recover(root: Path) -> Journal | None:
     """Roll back the transaction a killed process left (the caller holds the lock)."""
     with TreeFiles(root) as files:
-        files.remove(_journal_rel() + ".tmp")  # a journal never completed: nothing written
+        files.own.add(_journal_rel() + ".tmp")
+        files.remove(_journal_rel() + ".tmp")  # never completed: nothing written
         try:
             found = files.read(_journal_rel())
         except TreeError as exc:

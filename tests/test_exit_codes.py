@@ -278,10 +278,10 @@ def test_a_failed_validation_check_is_21_naming_the_check():
     assert run_failing(failure) == (21, f"portkit: {failure.message}\n")
 
 
-def test_an_author_that_cannot_be_rewritten_is_an_input_error():
-    with pytest.raises(errors.InputError) as caught:
-        split_author("nobody at all")
-    assert caught.value.exit_code == 12
+def test_any_author_is_kept_as_it_is_not_refused():
+    """Real series carry `nobody <>` and names without an address: kept, never a refusal."""
+    assert split_author("nobody at all") == ("nobody at all", "")
+    assert split_author("nobody <>") == ("nobody", "")
 
 
 # -- the commands that used to exit 1 ---------------------------------------------------

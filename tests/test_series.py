@@ -445,3 +445,104 @@ def test_the_40_patch_fork_series_reads_and_writes_back_byte_for_byte(tmp_path):
     written = series.write(tmp_path)
     assert [p.name for p in written] == sorted(p.name for p in source.glob("*.patch"))
     assert all(p.read_bytes() == (source / p.name).read_bytes() for p in written)
+
+
+# -- lenient reading of real series (issue 17) and writing back (issue 19) --------------------
+
+
+DIFF = (b"diff --git a/src/x.c b/src/x.c\nindex 1111111..2222222 100644\n--- a/src/x.c\n"
+        b"+++ b/src/x.c\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n")
+
+
+def a_mail(sender: bytes | None, subject: bytes | None, date: bytes = b"Tue, 8 Apr 2025 "
+           b"15:34:37 -0700") -> bytes:
+    head = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+    head += b"From: " + sender + b"\n" if sender is not None else b""
+    head += b"Date: " + date + b"\n"
+    head += b"Subject: [PATCH] " + subject + b"\n" if subject is not None else b""
+    stat = b" src/x.c | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)\n"
+    return head + b"\nWhy.\n---\n" + stat + b"\n" + DIFF
+
+
+@pytest.mark.parametrize("sender,author", [
+    (b"nobody <>", "nobody <>"),
+    (b"<bare@example.org>", "<bare@example.org>"),
+    (b"bare@example.org", "bare@example.org"),
+    (b"Just A Name", "Just A Name"),
+    (b"Jos\xc3\xa9 M\xc3\xbcller <jose@example.com>", "José Müller <jose@example.com>"),
+])
+def test_any_from_is_read_and_written_back(sender, author):
+    patch = parse_patch("0001-x.patch", a_mail(sender, b"x"))
+    assert patch.author == author and patch.is_mail
+    again = patch.with_diff(DIFF.decode().replace("+c", "+d"))
+    assert again.author == author
+    assert again.data == patch.data.replace(b"+c", b"+d")
+    mail = new_patch(OLLAMA, subject="x", body="", author=author, date=patch.date or "",
+                     diff=DIFF.decode())
+    assert mail.author is not None
+
+
+def test_a_mail_without_subject_is_named_by_its_file():
+    patch = parse_patch("0007-ggml-No-alloc-mode.patch", a_mail(b"nobody <>", None))
+    assert patch.subject == "ggml No alloc mode"
+
+
+@pytest.mark.parametrize("date", [b"yesterday", b"", b"Tue, 8 Apr 2025 15:34:37 +9999"])
+def test_odd_dates_are_kept_as_they_are(date):
+    patch = parse_patch("0001-x.patch", a_mail(b"nobody <>", b"x", date))
+    assert patch.with_diff(patch.diff).data == patch.data
+
+
+def test_a_crlf_mail_is_read_and_written_back_with_crlf():
+    data = a_mail(b"nobody <>", b"crlf").replace(b"\n", b"\r\n")
+    patch = parse_patch("0001-crlf.patch", data)
+    assert patch.crlf and patch.subject == "crlf" and patch.files[0].path == "src/x.c"
+    assert patch.with_diff(patch.diff).data == data
+
+
+def test_an_unreadable_patch_is_its_own_verdict_not_the_series_refusal(tmp_path):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "0001-good.patch").write_bytes(a_mail(b"nobody <>", b"good"))
+    (folder / "0002-cover.patch").write_bytes(b"From: someone\nSubject: words only\n\nhi\n")
+    (folder / "0003-evil.patch").write_bytes(DIFF.replace(b"src/x.c", b".git/config"))
+    (folder / "0004-also-good.patch").write_bytes(a_mail(b"nobody <>", b"also good"))
+    with pytest.raises(PortkitError, match="0002-cover.patch: no diff in it") as err:
+        read_series(folder)
+    assert err.value.exit_code == 12
+    series = read_series(folder, lenient=True)
+    assert [p.name for p in series.patches] == ["0001-good.patch", "0004-also-good.patch"]
+    assert [(u.name, u.position) for u in series.unreadable] == [
+        ("0002-cover.patch", 1), ("0003-evil.patch", 2)]
+    assert "no diff in it" in series.unreadable[0].reason
+    assert "refusing .git/config" in series.unreadable[1].reason
+    assert [p.name for p in series.in_order()] == sorted(os.listdir(folder))
+    series.write(tmp_path / "back")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "back").iterdir()} == {
+        p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_raw_byte_in_a_subject_is_kept_when_written_back():
+    data = a_mail(b"nobody <>", b"caf\xff bytes").replace(
+        b"Subject:", b"MIME-Version: 1.0\nContent-Type: text/plain; charset=UTF-8\nSubject:")
+    patch = parse_patch("0001-raw.patch", data)
+    again = patch.with_diff(DIFF.decode().replace("+c", "+d"))
+    assert b"Subject: [PATCH] caf\xff bytes\n" in again.data and b"=FF" not in again.data
+    fresh = new_patch(OLLAMA, subject=patch.subject, body="", author="A <a@b>",
+                      date=patch.date or "", diff=DIFF.decode())
+    assert b"Subject: [PATCH] caf\xff bytes\n" in fresh.data
+
+
+def test_each_patch_of_a_mixed_series_keeps_its_own_style():
+    plain = parse_patch("0001-x.patch", a_mail(b"nobody <>", b"x"))
+    bare = parse_patch("0002-y.patch", re.sub(
+        rb"---\n src.*?\n\n", b"\n", a_mail(b"nobody <>", b"y"), flags=re.S).replace(
+        b"index 1111111..2222222 100644\n", b""))
+    assert plain.conventions.diffstat and plain.conventions.index_lines
+    assert not bare.conventions.diffstat and not bare.conventions.index_lines
+    changed = DIFF.decode().replace(" a\n", " a\n+new\n").replace("-1,2 +1,2", "-1,2 +1,3")
+    kept = plain.with_diff(changed)
+    assert kept.stat == " src/x.c | 3 ++-\n 1 file changed, 2 insertions(+), 1 deletion(-)\n"
+    assert kept.files[0].header("index") == "1111111..2222222 100644"
+    assert bare.with_diff(changed).stat is None
+    assert bare.with_diff(changed).files[0].header("index") is None

@@ -3,7 +3,11 @@ and if not, where its code went and why (docs/drift-ci.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -14,7 +18,7 @@ from portkit import tree as tree_mod
 from portkit.commands.common import fails_cleanly, open_tree
 from portkit.drift import DriftInput, drift
 from portkit.errors import PortkitError, UsageError
-from portkit.series import read_series
+from portkit.series import Series, read_series
 from portkit.tree import OLLAMA, Tree
 
 
@@ -69,6 +73,7 @@ def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | Non
     failures (docs/exit-codes.md). The trees are only read.
     """
     chosen = dm.parse_fail_on(fail_on)
+    inputs: list[Path] = [saved] if saved is not None else []
     if saved is not None:
         if series_dir or targets or base:
             raise UsageError("--from-json renders a saved report: give no --series, --tree "
@@ -79,13 +84,76 @@ def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | Non
             raise UsageError(f"{saved} is not a JSON drift report (not UTF-8)") from exc
         report = dm.DriftReport.from_json(text)
     else:
-        report = drift(*_job(series_dir, targets, base, fork_path))
+        job, fork = _job(series_dir, targets, base, fork_path)
+        inputs += [job.series.folder, *(t.root for _, t in job.targets)]
+        inputs += [job.base.root] if job.base is not None else []
+        if output is not None:
+            _refuse_input(output, inputs)  # before the analysis: fail fast
+        report = _with_unreadable(drift(job, fork), job.series)
     rendered = drift_formats.render(report, fmt, chosen)
     if output is not None:
-        output.write_text(rendered if rendered.endswith("\n") else rendered + "\n")
+        _refuse_input(output, inputs)
+        _write_atomically(output, rendered if rendered.endswith("\n") else rendered + "\n")
     else:
         click.echo(rendered, nl=not rendered.endswith("\n"))
     sys.exit(dm.exit_code(report, chosen))
+
+
+def _refuse_input(output: Path, inputs: list[Path]) -> None:
+    """--output never replaces what the report is made of: a file of the series, anything in
+    a target or base tree, the saved report; symbolic links followed to decide."""
+    where = output.resolve()
+    for given in inputs:
+        real = given.resolve()
+        if where.is_relative_to(real) if real.is_dir() else where == real:
+            raise UsageError(f"--output {output} would overwrite {given}, an input of this "
+                             f"report; write it somewhere else")
+
+
+def _write_atomically(output: Path, text: str) -> None:
+    """The report written beside `output`, synced, then renamed onto it: a reader (or a
+    crash) sees the old file or the whole new one."""
+    folder = output.resolve().parent
+    if not folder.is_dir():
+        raise UsageError(f"--output {output}: folder {output.parent} does not exist")
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{output.name}.", suffix=".portkit-tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode("utf-8", "surrogateescape"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, output.resolve())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _with_unreadable(report: dm.DriftReport, series: Series) -> dm.DriftReport:
+    """A patch portkit cannot read is that patch's verdict (a conflict saying why), in its
+    place in the series, on every target."""
+    if not series.unreadable:
+        return report
+    order = [p.name for p in series.in_order()]
+    targets = []
+    for target in report.targets:
+        rows = {p.file: p for p in target.patches}
+        for bad in series.unreadable:
+            rows[bad.name] = dm.PatchDrift(bad.name, bad.name, (dm.HunkDrift(
+                bad.name, 0, dm.CONFLICT, f"portkit cannot read this patch: {bad.reason}",
+                1),))
+        targets.append(replace(target, patches=tuple(
+            rows[name] for name in order if name in rows)))
+    return replace(report, targets=tuple(targets))
 
 
 def _job(series_dir: Path | None, targets: tuple[str, ...], base: str | None,
@@ -103,7 +171,7 @@ def _job(series_dir: Path | None, targets: tuple[str, ...], base: str | None,
             raise UsageError("give --series DIR (or run in an ollama-style fork checkout, "
                              "whose llama/patches is the default)")
         series_dir = fork.series_dir
-    series = read_series(series_dir)
+    series = read_series(series_dir, lenient=True)
     trees = [(spec, _target(spec)) for spec in targets]
     if not trees:
         if fork is None:
