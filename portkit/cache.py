@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from portkit.errors import FetchError, SpecError, ToolFailed
+from portkit.paths import EXECUTABLE, REGULAR, SYMLINK
 from portkit.proc import run
 
 # Prefixes of the scratch folders portkit makes inside the cache; anything else is left alone.
@@ -99,17 +101,41 @@ def terminable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def lay_down(root: Path, files: Mapping[str, bytes | None]) -> None:
+def lay_down(root: Path, files: Mapping[str, bytes | None],
+             modes: Mapping[str, int] | None = None) -> None:
     """Write `files` (paths relative to `root`) into a folder portkit owns (a scratch copy,
     a cache entry; never a user's tree, which only the transaction writes): bytes are
-    written, folders made as needed; None removes the file."""
+    written, folders made as needed; None removes the file. With `modes` (git's, by path),
+    a file is made executable (100755) or a symbolic link whose target is its bytes
+    (120000), as git would check it out."""
     for rel, data in files.items():
         path = root / rel
+        if path.is_symlink() or (data is None and path.exists()):
+            path.unlink()
         if data is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = None if modes is None else modes.get(rel, REGULAR)
+        if mode == SYMLINK:
+            os.symlink(os.fsdecode(data), path)
+            continue
+        path.write_bytes(data)
+        if mode is not None:
+            path.chmod(0o755 if mode == EXECUTABLE else 0o644)
+
+
+def read_entry(path: Path) -> tuple[bytes, int] | None:
+    """A file as git sees it, never following a symbolic link: its bytes (a link's target,
+    for a link) and its git mode; None when there is no file (or something else is there)."""
+    try:
+        st = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return os.fsencode(os.readlink(path)), SYMLINK
+    if stat.S_ISREG(st.st_mode):
+        return path.read_bytes(), EXECUTABLE if st.st_mode & 0o100 else REGULAR
+    return None
 
 
 @contextmanager

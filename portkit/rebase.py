@@ -51,14 +51,14 @@ from typing import Any
 
 from portkit import drift_model as dm
 from portkit.apply import refuse_uncommitted
-from portkit.cache import lay_down
+from portkit.cache import lay_down, read_entry
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.merge import BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
-    Conventions,
+    REGULAR,
     FileDiff,
     Hunk,
     Patch,
@@ -67,7 +67,6 @@ from portkit.series import (
     parse_patch,
     quote_path,
     read_series,
-    render_mail,
 )
 from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
 from portkit.tree import OLLAMA, Tree, pin_matches
@@ -201,24 +200,36 @@ class _Copy:
         self.source = source
         self.root = root
         self.files: dict[str, bytes | None] = {}
+        self.modes: dict[str, int] = {}  # git's mode of each file present (100644 if not)
 
     def original(self, rel: str, *, here: bool = False) -> bytes | None:
-        """The file in the source tree (or, `here`, in the working copy)."""
-        path = (self.root if here else self.source) / rel
-        return path.read_bytes() if path.is_file() else None
+        """The file in the source tree (or, `here`, in the working copy): a symbolic link
+        is its target, as git shows it, never the file it points to."""
+        found = read_entry((self.root if here else self.source) / rel)
+        return found[0] if found is not None else None
+
+    def original_mode(self, rel: str, *, here: bool = False) -> int:
+        found = read_entry((self.root if here else self.source) / rel)
+        return found[1] if found is not None else REGULAR
 
     def load(self, rels: Sequence[str]) -> None:
         for rel in rels:
             if rel not in self.files:
-                self.put(rel, self.original(rel))
+                self.put(rel, self.original(rel), self.original_mode(rel))
 
     def get(self, rel: str) -> bytes | None:
         self.load([rel])
         return self.files[rel]
 
-    def put(self, rel: str, data: bytes | None) -> None:
+    def mode(self, rel: str) -> int:
+        self.load([rel])
+        return self.modes.get(rel, REGULAR)
+
+    def put(self, rel: str, data: bytes | None, mode: int | None = None) -> None:
         self.files[rel] = data
-        lay_down(self.root, {rel: data})
+        if mode is not None:
+            self.modes[rel] = mode
+        lay_down(self.root, {rel: data}, {rel: self.modes.get(rel, REGULAR)})
 
 
 # -- git's tools, sealed -------------------------------------------------------------------
@@ -298,6 +309,7 @@ class _Outcome:
     reason: str
     after: dict[str, bytes | None] = field(default_factory=dict)  # target files it changes
     conflict: str = ""  # the side file's text (needs-human)
+    modes: dict[str, int] = field(default_factory=dict)  # git's mode of a file in `after`
 
 
 @dataclass(frozen=True)
@@ -307,6 +319,7 @@ class _NoText:
     why: str
     failed: tuple[str, ...]
     clean: dict[str, bytes | None]
+    modes: dict[str, int]  # git's mode of each file in `clean`
 
 
 def _sub_patch(f: FileDiff, hunks: Sequence[Hunk]) -> Patch:
@@ -342,16 +355,18 @@ class _Carrier:
         self.work.load(patch.paths)
         self.base.load(patch.paths)
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
+        self.base_modes = {rel: self.base.mode(rel) for rel in patch.paths}
         # The base takes the whole series as it is: git apply, as it was written there.
         theirs: dict[str, bytes | None] | None = None
         if git_apply(self.base.root, patch.data, self.room, patch.strip):
             for rel in patch.paths:
                 self.base.files[rel] = self.base.original(rel, here=True)
+                self.base.modes[rel] = self.base.original_mode(rel, here=True)
             theirs = {rel: self.base.files[rel] for rel in patch.paths}
         text = self._text(patch, before_base, theirs)
         if isinstance(text, _Outcome):
             for rel, data in text.after.items():
-                self.work.put(rel, data)
+                self.work.put(rel, data, text.modes.get(rel))
             return self._after_left_out(patch, self._semantic(patch, text))
         outcome = self._structure(patch, before_base)
         if outcome.status in (UNCHANGED, MERGED):
@@ -368,9 +383,10 @@ class _Carrier:
                 self.left_out_files.setdefault(rel, patch.name)
             if text.clean:
                 for rel, data in text.clean.items():
-                    self.work.put(rel, data)
+                    self.work.put(rel, data, text.modes.get(rel))
                 kept = ", ".join(sorted(text.clean))
-                outcome = replace(outcome, after=dict(text.clean), reason=(
+                outcome = replace(outcome, after=dict(text.clean), modes=dict(text.modes),
+                                  reason=(
                     f"carried in part (only {kept}); left for a human: {outcome.reason}"))
             return outcome
         for rel, data in outcome.after.items():
@@ -421,14 +437,16 @@ class _Carrier:
             shutil.rmtree(room)
         room.mkdir()
         ours = {rel: self.work.get(rel) for rel in patch.paths}
-        lay_down(room, ours)
+        ours_modes = {rel: self.work.mode(rel) for rel in patch.paths}
+        lay_down(room, ours, ours_modes)
         offsets = git_apply_at(room, patch.data, self.room, patch.strip)
         if offsets is not None:
-            return self._applied(patch, room, ours, offsets)
+            return self._applied(patch, room, ours, ours_modes, offsets)
         if theirs is None:
             return _NoText("it does not apply, and not to its own base either",
-                           tuple(patch.paths), {})
+                           tuple(patch.paths), {}, {})
         after: dict[str, bytes | None] = {}
+        modes: dict[str, int] = {}
         conflicts: list[str] = []
         failed: list[str] = []
         said: list[str] = []
@@ -440,7 +458,13 @@ class _Carrier:
                 moved = self.moved(rel, b)
                 if moved is not None:
                     home, o = moved
+                    ours_modes[home] = self.work.mode(home)
                     said.append(f"{rel} is {home} in the target (git's rename rule)")
+            # git's mode (executable, a link) as the merge of trees takes it: the patch's
+            # where it changes it, else the target's
+            mode = self.base.modes.get(rel, REGULAR) \
+                if self.base.modes.get(rel, REGULAR) != self.base_modes[rel] \
+                else ours_modes.get(home, REGULAR)
             if o in (b, t):
                 result: bytes | None = t
             elif t == b:
@@ -458,6 +482,7 @@ class _Carrier:
                     failed.append(rel)
                     if merged.carried != o:  # what did merge, for the view of later patches
                         after[home] = merged.carried
+                        modes[home] = mode
                     continue
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
@@ -470,38 +495,46 @@ class _Carrier:
                     review.append(f"{home}: git's merge stops at {beside} insertion(s) right "
                                   "next to lines upstream rewrote: each was kept on its side "
                                   "of them")
-            if result != o:
+            if result != o or (result is not None and mode != ours_modes.get(home)):
                 after[home] = result
+                modes[home] = mode
         if conflicts:
-            return _NoText("; ".join(conflicts), tuple(failed), after)
+            return _NoText("; ".join(conflicts), tuple(failed), after, modes)
         how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
         if not after and self._reverses(patch, room):
             return _Outcome(MERGED, "the target has this change already (it reverse-applies)")
         if review:
-            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
-        return _Outcome(MERGED, how, after)
+            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after, modes=modes)
+        return _Outcome(MERGED, how, after, modes=modes)
 
     def _applied(self, patch: Patch, room: Path, ours: dict[str, bytes | None],
-                 offsets: dict[tuple[str, int], int]) -> _Outcome:
+                 ours_modes: dict[str, int], offsets: dict[tuple[str, int], int]) -> _Outcome:
         """A patch git applies as it is (in `room`, laid out as `ours`), with what a
         reviewer must know: a hunk outside what its code became, a patch that also applies
         in reverse."""
-        applied = {rel: (room / rel).read_bytes() if (room / rel).is_file() else None
-                   for rel in patch.paths}
+        entries = {rel: read_entry(room / rel) for rel in patch.paths}
+        applied = {rel: e[0] if e is not None else None for rel, e in entries.items()}
+        modes = {rel: e[1] for rel, e in entries.items() if e is not None}
         shifts = sorted(set(offsets.values()))
         how = "applies as it is" if not shifts else \
             "applies " + ", ".join(f"{o:+d}" for o in shifts) + " lines away"
         review = self._landings(patch, offsets)
-        lay_down(room, ours)
+        lay_down(room, ours, ours_modes)
         if self._reverses(patch, room):
             review.append("it also applies in reverse: the target may have it already")
-        after = {rel: d for rel, d in applied.items() if d != ours[rel]}
+        after = {rel: d for rel, d in applied.items()
+                 if d != ours[rel] or (d is not None and modes[rel] != ours_modes[rel])}
+        modes = {rel: m for rel, m in modes.items() if rel in after}
         if review:
-            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after)
-        return _Outcome(UNCHANGED, how, after)
+            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after, modes=modes)
+        return _Outcome(UNCHANGED, how, after, modes=modes)
 
     def _reverses(self, patch: Patch, room: Path) -> bool:
-        """Whether `patch` applies in reverse to the files in `room`."""
+        """Whether `patch` applies in reverse to the files in `room`: text that is there
+        already (git does not check the old mode of a mode change, so a patch with a
+        section without text is never taken for one that is there)."""
+        if not patch.hunks or any(f.text_free for f in patch.files):
+            return False
         return git_apply_at(room, patch.data, self.room, patch.strip, reverse=True,
                             check=True) is not None
 
@@ -837,18 +870,11 @@ def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
 # -- the whole series -----------------------------------------------------------------------
 
 
-def _written(patch: Patch, diff: str, conventions: Conventions) -> Patch:
-    """The patch with `diff` for its diff, written as the series writes its patches: the
-    same mail (or preamble), file name and signature."""
-    if patch.is_mail and patch.author is not None and patch.date is not None:
-        text = render_mail(conventions, subject=patch.subject, body=patch.body,
-                           author=patch.author, date=patch.date, diff=diff,
-                           number=patch.number or 1, total=patch.total or 1)
-    else:
-        text = patch.header + diff + patch.trailer
-    if patch.crlf:
-        text = text.replace("\n", "\r\n")
-    return parse_patch(patch.name, text.encode("utf-8", "surrogateescape"), strip=patch.strip)
+def _written(patch: Patch, diff: str) -> Patch:
+    """The patch with `diff` for its diff, written as the patch itself is written: the same
+    mail or preamble byte for byte, its diffstat made again where it has one, `index` lines
+    only where it has them, the same signature and line ends (Patch.with_diff)."""
+    return patch.with_diff(diff)
 
 
 def base_spec(spec: str, target: Path | None = None) -> str:
@@ -875,6 +901,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         side: dict[str, bytes] = {}
         for patch in series.patches:
             had = dict(carrier.work.files)
+            had_modes = dict(carrier.work.modes)
             outcome = carrier.carry(patch)
             if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
                                              and not outcome.after):
@@ -887,10 +914,13 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                 continue
             before = {rel: had[rel] if rel in had else carrier.work.original(rel)
                       for rel in outcome.after}
-            diff = git_diff(before, outcome.after, abbrev=abbrev, prefix=patch.strip != 0,
-                            renames=any(f.status == "renamed" for f in patch.files))
-            if not series.conventions.index_lines:
-                diff = re.sub(r"^index .*\n", "", diff, flags=re.M)
+            before_modes = {rel: had_modes[rel] if rel in had_modes
+                            else carrier.work.original_mode(rel) for rel in outcome.after}
+            after_modes = {rel: outcome.modes.get(rel, before_modes[rel])
+                           for rel in outcome.after}
+            diff = git_diff(before, outcome.after, abbrev=patch.conventions.abbrev or abbrev,
+                            prefix=patch.strip != 0, modes=(before_modes, after_modes),
+                            renames=any(f.rename_from for f in patch.files))
             if not headings:
                 diff = _HEADING.sub(r"\1", diff)
             if not diff:
@@ -898,7 +928,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                                          f"it changes nothing on the target ({outcome.reason})",
                                          None))
                 continue
-            carried.append(_written(patch, diff, series.conventions))
+            carried.append(_written(patch, diff))
             name = None
             if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"

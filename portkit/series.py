@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 import tempfile
 import unicodedata
@@ -1102,18 +1103,29 @@ _INDEX_LINE = re.compile(r"([0-9a-f]{4,40})\.\.[0-9a-f]{4,40}")
 
 
 def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
-             abbrev: int = 7, prefix: bool = True, renames: bool = False) -> str:
+             abbrev: int = 7, prefix: bool = True, renames: bool = False,
+             modes: tuple[dict[str, int], dict[str, int]] | None = None) -> str:
     """The diff from `before` to `after` (files by path; None: absent) as git writes it:
     `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
-    function headings in the @@ lines."""
+    function headings in the @@ lines. `modes` gives git's mode of files on each side
+    (100644 where not given): an executable, a symbolic link (its bytes are its target),
+    and a mode change are written as git writes them; `renames` finds renames and copies
+    as git's -M does."""
     with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
         root = Path(tmp)
-        for side, files in (("a", before), ("b", after)):
+        for k, (side, files) in enumerate((("a", before), ("b", after))):
             (root / side).mkdir()
             for rel, data in files.items():
-                if data is not None:
-                    (root / side / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (root / side / rel).write_bytes(data)
+                if data is None:
+                    continue
+                path = root / side / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                mode = modes[k].get(rel, REGULAR) if modes is not None else REGULAR
+                if mode == SYMLINK:
+                    os.symlink(os.fsdecode(data), path)
+                else:
+                    path.write_bytes(data)
+                    path.chmod(0o755 if mode == EXECUTABLE else 0o644)
         args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
                 f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
                 "-M" if renames else "--no-renames", "a", "b"]
@@ -1125,6 +1137,8 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
     # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
     text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
                   flags=re.M)
+    # and names the two sides of a rename or copy by the folders too
+    text = re.sub(r"^((?:rename|copy) (?:from|to) )[ab]/", r"\1", text, flags=re.M)
     if not prefix:
         text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
         text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)

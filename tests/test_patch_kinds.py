@@ -155,3 +155,38 @@ def test_drift_calls_text_free_changes_clean(kinds, tmp_path):
     patches = json.loads(out.read_text())["targets"][0]["patches"]
     assert [p["status"] for p in patches] == ["clean"] * 6, patches
     assert result.exit_code == 0, result.output
+
+
+def test_rebase_carries_every_kind_of_change_as_git_apply_does(kinds, tmp_path):
+    """Onto a target that drifted (lines added to every touched text), rebase writes a
+    series that `git apply` takes and that gives what `git apply` of the original gives:
+    the rename with its change, the copy, the mode change, the executable, the symbolic
+    link and the deletion, each as such (no empty new file, no lost mode)."""
+    tree, folder, _ = kinds
+    target = tmp_path / "target"
+    shutil.copytree(tree, target, symlinks=True)
+    for rel in ("src/llama-hparams.h", GRAPH, MODEL):
+        path = target / rel
+        path.write_bytes(path.read_bytes() + b"// upstream moved on\n" * 3)
+    want = tmp_path / "want"
+    shutil.copytree(target, want, symlinks=True)
+    env = {**os.environ, **GIT_ENV}
+    for patch in sorted(folder.glob("*.patch")):
+        subprocess.run(["git", "apply", str(patch)], cwd=want, env=env, check=True)
+    out = tmp_path / "carried"
+    result = invoke("rebase", "--series", str(folder), "--base", str(tree), "--onto",
+                    str(target), "--out", str(out), "--format", "json")
+    report = json.loads(result.output)
+    assert [p["status"] for p in report["patches"]] == ["unchanged"] * 6, \
+        [p["reason"] for p in report["patches"]]
+    got = tmp_path / "got"
+    shutil.copytree(target, got, symlinks=True)
+    carried = sorted(out.glob("*.patch"))
+    assert [p.name for p in carried] == sorted(p.name for p in folder.glob("*.patch"))
+    for patch in carried:
+        subprocess.run(["git", "apply", str(patch)], cwd=got, env=env, check=True)
+    assert state(got) == state(want)
+    texts = [p.read_text() for p in carried]
+    assert "rename from src/llama-hparams.h\nrename to src/llama-hparams-moved.h" in texts[0]
+    assert "old mode 100644\nnew mode 100755" in texts[2]
+    assert "new file mode 100755" in texts[3] and "new file mode 120000" in texts[4]
