@@ -63,6 +63,7 @@ from portkit.series import (
     Hunk,
     Patch,
     Series,
+    Unreadable,
     git_diff,
     parse_patch,
     quote_path,
@@ -899,7 +900,13 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         rows: list[RebasedPatch] = []
         carried: list[Patch] = []
         side: dict[str, bytes] = {}
-        for patch in series.patches:
+        kept: dict[str, bytes] = {}
+        for patch in series.in_order():
+            if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
+                kept[patch.name] = patch.data
+                rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
+                                         f"it cannot be read: {patch.reason}", patch.name))
+                continue
             had = dict(carrier.work.files)
             had_modes = dict(carrier.work.modes)
             outcome = carrier.carry(patch)
@@ -940,7 +947,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
                           target_label, target.pin, tuple(rows))
     out = Series(series.folder, series.kind, tuple(carried), series.conventions)
-    return Rebased(report, out, side, changed)
+    return Rebased(report, out, {**kept, **side}, changed)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -767,3 +768,29 @@ def test_files_the_series_creates_and_deletes(tmp_path):
                       tmp_path / "applied")
     assert after == {"src/fork.cpp": b"int fork(void) {\n    return 1;\n}\n",
                      "src/extra.cpp": None}
+
+
+def test_a_patch_that_cannot_be_read_is_its_own_verdict_not_the_series_refusal(small, tmp_path):
+    """A real series may hold a file portkit cannot read: that patch needs a human (kept in
+    --out byte for byte, for them), and every other patch is carried."""
+    base, target, folder = small
+    intact = rb.rebase(read_series(folder), detect(target), base=detect(base)).report
+    broken = folder / "0004-last-multiply-on-the-left.patch"
+    garbage = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n" \
+              b"Subject: [PATCH] not a diff at all\n\nno diff here\n"
+    broken.write_bytes(garbage)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "portkit"), "rebase", "--series", str(folder),
+         "--base", str(base), "--onto", str(target), "--out", str(out), "--format", "json"],
+        capture_output=True, text=True, env=GIT_ENV)
+    assert result.returncode == rb.ATTENTION_EXIT, result.stderr
+    report = json.loads(result.stdout)
+    rows = {p["file"]: p for p in report["patches"]}
+    assert len(rows) == len(SERIES)
+    bad = rows[broken.name]
+    assert bad["status"] == rb.NEEDS_HUMAN and bad["reason"].startswith("it cannot be read: ")
+    assert broken.name in bad["reason"] and (out / broken.name).read_bytes() == garbage
+    # the others fare as they do in the intact series (0004 changes a line no other touches)
+    assert {p.file: p.status for p in intact.patches if p.file != broken.name} == \
+        {name: p["status"] for name, p in rows.items() if name != broken.name}

@@ -71,7 +71,7 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
             raise UsageError("with --series, give --out DIR (where the carried series goes) "
                              "and --base TREE (what the series was written against)")
         rebased = rebase_mod.rebase(
-            read_series(series_dir), target,
+            read_series(series_dir, lenient=True), target,
             base=_tree(rebase_mod.base_spec(base, Path(onto) if Path(onto).is_dir() else None)),
             series_label=str(series_dir), target_label=onto)
         if compile_check:
