@@ -1,0 +1,93 @@
+"""The line merge (portkit/merge.py): git's three-way merge of one file, and the conflicts it
+leaves that the text itself orders. Each rule has a case where it settles the block and one
+where it must not."""
+
+from __future__ import annotations
+
+from portkit.merge import ALREADY, BESIDE, SAME_POINT, merge, merge3, without_conflicts
+
+BASE = b"".join(b"line %d\n" % i for i in range(1, 13))
+
+
+def lines(*numbers: int | bytes) -> bytes:
+    return b"".join(n if isinstance(n, bytes) else b"line %d\n" % n for n in numbers)
+
+
+def test_git_merges_what_does_not_touch():
+    ours = BASE.replace(b"line 2\n", b"line two\n")
+    theirs = BASE.replace(b"line 10\n", b"line ten\n")
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and not done.settled
+    assert done.data == ours.replace(b"line 10\n", b"line ten\n")
+    assert merge3(ours, BASE, theirs) == (done.data, 0)  # git's own result, untouched
+
+
+def test_beside_an_insertion_right_after_lines_upstream_rewrote_stays_after_them():
+    """The patch inserts after line 5; upstream rewrote lines 6-8 (git: a conflict)."""
+    ours = lines(1, 2, 3, 4, 5, b"six\n", b"seven\n", b"eight\n", 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, b"added\n", 6, 7, 8, 9, 10, 11, 12)
+    assert merge3(ours, BASE, theirs)[1] == 1
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and done.settled == (BESIDE,)
+    assert done.data == lines(1, 2, 3, 4, 5, b"added\n", b"six\n", b"seven\n", b"eight\n",
+                              9, 10, 11, 12)
+
+
+def test_beside_an_insertion_right_before_lines_upstream_rewrote_stays_before_them():
+    """Upstream inserted right after the lines the patch rewrites: upstream's lines follow."""
+    ours = lines(1, 2, 3, 4, 5, 6, b"upstream\n", 7, 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, b"SIX\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and done.settled == (BESIDE,)
+    assert done.data == lines(1, 2, 3, 4, 5, b"SIX\n", b"upstream\n", 7, 8, 9, 10, 11, 12)
+
+
+def test_beside_is_not_an_insertion_inside_what_upstream_rewrote():
+    """The patch inserts between two lines upstream rewrote: no side to keep it on."""
+    ours = lines(1, 2, 3, 4, 5, b"six\n", b"seven\n", 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, 6, b"added\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 1 and not done.settled
+    assert b"<<<<<<< target" in done.data
+
+
+def test_same_point_the_patchs_lines_go_first_right_after_the_line_they_follow():
+    ours = lines(1, 2, 3, 4, 5, 6, b"upstream\n", 7, 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, 6, b"patch\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and done.settled == (SAME_POINT,)
+    assert done.data == lines(1, 2, 3, 4, 5, 6, b"patch\n", b"upstream\n", 7, 8, 9, 10, 11,
+                              12)
+
+
+def test_same_point_is_not_two_rewrites_of_one_line():
+    ours = BASE.replace(b"line 6\n", b"upstream six\n")
+    theirs = BASE.replace(b"line 6\n", b"patch six\n")
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 1 and not done.settled
+
+
+def test_already_what_the_patch_inserts_is_in_the_target_side_of_the_block():
+    """Upstream took the patch's line and added one of its own beside it."""
+    ours = lines(1, 2, 3, 4, 5, 6, b"upstream\n", b"patch\n", 7, 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, 6, b"patch\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and done.settled == (ALREADY,)
+    assert done.data == ours  # nothing inserted twice
+
+
+def test_already_is_not_a_line_that_is_merely_alike():
+    ours = lines(1, 2, 3, 4, 5, 6, b"upstream\n", b"patch!\n", 7, 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, 5, 6, b"patch\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.settled == (SAME_POINT,)
+    assert done.data.count(b"patch") == 2
+
+
+def test_without_conflicts_keeps_what_merged_and_the_targets_side_of_each_conflict():
+    ours = BASE.replace(b"line 6\n", b"upstream six\n")
+    theirs = BASE.replace(b"line 6\n", b"patch six\n").replace(b"line 12\n", b"twelve\n")
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 1
+    assert done.carried == ours.replace(b"line 12\n", b"twelve\n")
+    assert without_conflicts(done.data) == done.carried
