@@ -794,3 +794,67 @@ def test_a_patch_that_cannot_be_read_is_its_own_verdict_not_the_series_refusal(s
     # the others fare as they do in the intact series (0004 changes a line no other touches)
     assert {p.file: p.status for p in intact.patches if p.file != broken.name} == \
         {name: p["status"] for name, p in rows.items() if name != broken.name}
+
+
+# -- offline: text first ---------------------------------------------------------------------
+
+TOOL = "int tool_main(void) {\n    int a = 1;\n    int b = 2;\n    int c = 3;\n    return a + b + c;\n}\n"
+
+
+def test_text_first_a_file_upstream_moved_is_followed_by_gits_rename_rule(tmp_path):
+    """Upstream moved examples/tool/tool.cpp to tools/tool/tool.cpp and changed a line far
+    from the patch: git am -3 follows the rename and merges; so does rebase."""
+    moved = TOOL.replace("return a + b + c;", "return a + b + c + 1;")
+    base, target, folder = project(
+        tmp_path, {**BASE, "examples/tool/tool.cpp": TOOL},
+        {**BASE, "tools/tool/tool.cpp": moved},
+        [("tool: count d", {"examples/tool/tool.cpp": ("    int b = 2;\n",
+                                                       "    int b = 2;\n    int d = 4;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.MERGED, row.reason
+    assert "examples/tool/tool.cpp is tools/tool/tool.cpp in the target" in row.reason
+    assert done.carried["tools/tool/tool.cpp"] == moved.replace(
+        "    int b = 2;\n", "    int b = 2;\n    int d = 4;\n").encode()
+    assert "examples/tool/tool.cpp" not in done.carried
+
+
+def test_text_first_a_presence_rule_never_drops_a_patch_that_applies(tmp_path):
+    """Upstream uses the names the patch brings (tool_flag is there, in another function),
+    but not the patch's change: git applies it, and it is carried, not dropped."""
+    target_tool = TOOL + "\nint tool_other(int tool_flag) {\n    return tool_flag;\n}\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/tool.cpp": TOOL}, {**BASE, "src/tool.cpp": target_tool},
+        [("tool: a flag", {"src/tool.cpp": ("    int c = 3;\n",
+                                            "    int c = 3;\n    int tool_flag = c;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.UNCHANGED and row.output is not None, row.reason
+    assert b"    int c = 3;\n    int tool_flag = c;\n" in done.carried["src/tool.cpp"]
+
+
+def test_text_first_a_patch_that_needs_a_human_still_carries_what_merged(tmp_path):
+    """Patch 1 changes two files: one merges, the other conflicts. The merged file is carried
+    (in part, needs-human, with its side file), so patch 2 on that file finds it as the
+    series leaves it; patch 3 on the conflicting file is told an earlier patch was left
+    out there."""
+    other = "int other(void) {\n    return 1;\n}\n"
+    target_tool = TOOL.replace("    int b = 2;\n", "    int b = 20;\n")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/tool.cpp": TOOL, "src/other.cpp": other},
+        {**BASE, "src/tool.cpp": target_tool, "src/other.cpp": other},
+        [("both: two files", {"src/tool.cpp": ("    int b = 2;\n", "    int b = 22;\n"),
+                              "src/other.cpp": ("    return 1;\n", "    return 2;\n")}),
+         ("other: once more", {"src/other.cpp": ("    return 2;\n", "    return 3;\n")}),
+         ("tool: last", {"src/tool.cpp": ("    return a + b + c;\n",
+                                          "    return a * b * c;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second, third = done.report.patches
+    assert first.status == rb.NEEDS_HUMAN and first.output is not None
+    assert first.reason.startswith("carried in part (only src/other.cpp)")
+    assert first.conflict is not None and first.conflict in done.side_files
+    assert second.status == rb.UNCHANGED, second.reason
+    assert done.carried["src/other.cpp"] == other.replace("return 1;", "return 3;").encode()
+    assert third.status == rb.NEEDS_REVIEW
+    assert "an earlier patch that was left out changes the same file: src/tool.cpp " \
+        "(0001-both-two-files.patch)" in third.reason
