@@ -798,7 +798,8 @@ def test_a_patch_that_cannot_be_read_is_its_own_verdict_not_the_series_refusal(s
 
 # -- offline: text first ---------------------------------------------------------------------
 
-TOOL = "int tool_main(void) {\n    int a = 1;\n    int b = 2;\n    int c = 3;\n    return a + b + c;\n}\n"
+TOOL = ("int tool_main(void) {\n    int a = 1;\n    int b = 2;\n    int c = 3;\n"
+        "    return a + b + c;\n}\n")
 
 
 def test_text_first_a_file_upstream_moved_is_followed_by_gits_rename_rule(tmp_path):
