@@ -55,6 +55,7 @@ from portkit.cache import lay_down, read_entry
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
+from portkit.index import flat
 from portkit.merge import BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
@@ -311,6 +312,7 @@ class _Outcome:
     after: dict[str, bytes | None] = field(default_factory=dict)  # target files it changes
     conflict: str = ""  # the side file's text (needs-human)
     modes: dict[str, int] = field(default_factory=dict)  # git's mode of a file in `after`
+    settled: bool = False  # carried only through portkit's settling of git's conflicts
 
 
 @dataclass(frozen=True)
@@ -364,7 +366,18 @@ class _Carrier:
                 self.base.files[rel] = self.base.original(rel, here=True)
                 self.base.modes[rel] = self.base.original_mode(rel, here=True)
             theirs = {rel: self.base.files[rel] for rel in patch.paths}
+        before_work = {rel: self.work.get(rel) for rel in patch.paths}
         text = self._text(patch, before_base, theirs)
+        if isinstance(text, _Outcome):
+            text = self._there_already(patch, text, before_work, before_base)
+        if isinstance(text, _Outcome) and text.status == DROPPED:
+            return text
+        if isinstance(text, _Outcome) and text.settled:
+            # git's merge stopped and portkit's settling carried it: structure that finds
+            # the change in the target already (drift's present-upstream) goes first
+            there = self._structure(patch, before_base)
+            if there.status == DROPPED:
+                return there
         if isinstance(text, _Outcome):
             for rel, data in text.after.items():
                 self.work.put(rel, data, text.modes.get(rel))
@@ -394,10 +407,37 @@ class _Carrier:
             self.work.put(rel, data)
         return self._after_left_out(patch, outcome)
 
+    def _there_already(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
+                       base: dict[str, bytes | None]) -> _Outcome:
+        """A patch text carried, a hunk of which adds only lines the target has already in
+        that file and the base did not: upstream took the same change, and carrying it
+        may write it twice. Never a drop (text carried it): a note for a reviewer."""
+        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
+            return outcome
+        notes = []
+        for f in patch.files:
+            if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
+                continue
+            here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
+            before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
+            for hunk in f.hunks:
+                added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
+                if added and all(a in here and a not in before for a in added):
+                    notes.append(f"{f.path}:{hunk.old_start}: every line it adds is in the "
+                                 "target already: carried, it may be there twice")
+        if not notes:
+            return outcome
+        if outcome.settled and len(notes) == len(patch.hunks):
+            # git's merge did not take it, and all of it is there: present upstream
+            return _Outcome(DROPPED, "; ".join(note.replace(
+                ": carried, it may be there twice", " (git's merge does not take it)")
+                for note in notes))
+        return replace(outcome, status=NEEDS_REVIEW, reason="; ".join([*notes, outcome.reason]))
+
     def _semantic(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch text carried whose added lines use a symbol that changed upstream (drift's
         semantic check, symbols resolved without doubt): for a reviewer."""
-        if outcome.status not in (UNCHANGED, MERGED) or not outcome.after:
+        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
             return outcome
         written = self._new_lines(outcome.after)
         review = []
@@ -413,6 +453,7 @@ class _Carrier:
             return outcome
         return replace(outcome, status=NEEDS_REVIEW,
                        reason="; ".join([*review, outcome.reason]))
+
 
     def _after_left_out(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch carried onto a file that an earlier patch, left out, also changes: its
@@ -505,7 +546,8 @@ class _Carrier:
         if not after and self._reverses(patch, room):
             return _Outcome(MERGED, "the target has this change already (it reverse-applies)")
         if review:
-            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after, modes=modes)
+            return _Outcome(NEEDS_REVIEW, "; ".join([*review, how]), after, modes=modes,
+                            settled=True)
         return _Outcome(MERGED, how, after, modes=modes)
 
     def _applied(self, patch: Patch, room: Path, ours: dict[str, bytes | None],
@@ -838,6 +880,10 @@ class _Carrier:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _text_of(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "surrogateescape")
 
 
 def _region(old: list[bytes], new: list[bytes]) -> tuple[int, int, list[bytes]]:
