@@ -63,7 +63,8 @@ _hits: dict[str, int] = {}
 def checkpoint(point: str) -> None:
     """With PORTKIT_CHECKPOINTS=FILE, note "pid point#n" there (the n-th time this process
     reaches the point); with PORTKIT_PAUSE_AT=PATTERN (fnmatch on "point#n"), also stop at
-    the first match for PORTKIT_PAUSE_SECONDS (60): time for a test to kill the process."""
+    the first match for PORTKIT_PAUSE_SECONDS (60): time for a test to kill the process; with
+    PORTKIT_PAUSE_UNTIL=FILE as well, go on as soon as FILE exists (a test's go-ahead)."""
     trace = os.environ.get("PORTKIT_CHECKPOINTS")
     if not trace:
         return
@@ -75,7 +76,14 @@ def checkpoint(point: str) -> None:
         out.write(f"{os.getpid()} {name}{' paused' if pause else ''}\n")
     if pause:
         os.environ["PORTKIT_PAUSE_AT"] = ""  # once per process
-        time.sleep(float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60")))
+        seconds = float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60"))
+        until = os.environ.get("PORTKIT_PAUSE_UNTIL")
+        if not until:
+            time.sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds  # or until that file exists: a test's go-ahead
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 # -- paths inside a tree ---------------------------------------------------------------------
@@ -578,6 +586,7 @@ def _holder(fd: int, wait: bool) -> str:
 def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
     """Hold the tree's writer lock for the with-block (BusyError after `wait` seconds)."""
     deadline = time.monotonic() + (lock_wait() if wait is None else wait)
+    checkpoint("lock")  # about to take it: what was read of the tree so far may go stale
     with TreeFiles(root) as files:
         while True:
             pfd = _record_folder(files)
