@@ -5,10 +5,11 @@ another changed after it looked (issue 19, item 1); and a fork is never moved on
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,59 +20,9 @@ from portkit.errors import TreeError, UsageError
 from portkit.series import read_series
 from portkit.tree import detect
 
-from ..conftest import Fork, commit_all
-from ..test_rebase import GGML_RULES, LLAMA_RULES
-from .harness import PORTKIT, Run, environ, snapshot
-
-GRAPH = "src/llama-graph.h"
-NOTE = "// graph inputs are filled by the host\n"
-
-
-@dataclass(frozen=True)
-class Arena:
-    fork: Path  # the fork, as the test starts it (committed)
-    pristine: Path  # a copy of it, never touched
-    pin: str  # the fork's pin
-    targets: list[Path]  # two newer trees (git repositories), different commits
-    series: Path  # a series of the fork's own (one patch on src/llama-graph.h)
-
-
-def _patch_for(llama: Path, work: Path) -> bytes:
-    """A git patch adding NOTE to src/llama-graph.h of the llama.cpp tree at `llama`."""
-    a, b = work / "a", work / "b"
-    for side in (a, b):
-        (side / "src").mkdir(parents=True)
-        shutil.copy(llama / GRAPH, side / GRAPH)
-    text = (b / GRAPH).read_text()
-    (b / GRAPH).write_text(text.replace("struct ggml_cgraph;\n", "struct ggml_cgraph;\n" + NOTE))
-    diff = subprocess.run(["git", "diff", "--no-index", "--no-prefix",
-                           "a/" + GRAPH, "b/" + GRAPH], cwd=work,
-                          capture_output=True, text=True).stdout
-    return ("From: t <t@t>\nSubject: [PATCH] graph: say who fills the inputs\n\n---\n"
-            + diff).encode()
-
-
-@pytest.fixture
-def arena(fixture_fork: Callable[[str], Fork], fixture_git_tree: Callable[[str], Path],
-          tmp_path: Path) -> Arena:
-    fork = fixture_fork("old")
-    (fork.root / "llama" / "llama.cpp" / rb.FILTER).write_text(LLAMA_RULES)
-    (fork.root / "ml" / "backend" / "ggml" / "ggml" / rb.FILTER).write_text(GGML_RULES)
-    commit_all(fork.root, "vendoring rules")
-    targets = []
-    for n in (1, 2):
-        target = fixture_git_tree("renamed")
-        with (target / "src" / "llama.cpp").open("a") as fh:
-            fh.write(f"// upstream release {n}\n")
-        commit_all(target, f"release {n}")
-        targets.append(target)
-    series = tmp_path / "graph-note"
-    series.mkdir()
-    (series / "0001-graph-say-who-fills-the-inputs.patch").write_bytes(
-        _patch_for(fork.root / "llama" / "llama.cpp", tmp_path / "patch-work"))
-    pristine = tmp_path / "pristine"
-    shutil.copytree(fork.root, pristine, symlinks=True)
-    return Arena(fork.root, pristine, fork.base, targets, series)
+from ..conftest import commit_all
+from .conftest import GRAPH, NOTE, Arena
+from .harness import PORTKIT, Run, environ, signals_as_a_terminal_sends_them, snapshot
 
 
 def start(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -241,3 +192,73 @@ def test_plain_races_leave_one_commands_fork(arena, which):
         seen.append(_race(arena, commands[::-1] if trial % 2 else commands, known))
     assert all(s != "untouched" for s in seen)
 
+
+
+# -- 10. every signal ends with one line; scratch of killed runs is swept ------------------------
+
+
+def _paused(args: list[str], point: str, work: Path, **env: str) -> tuple[
+        subprocess.Popen[str], Path]:
+    trace, go = work / "trace", work / "go"
+    trace.unlink(missing_ok=True)
+    go.unlink(missing_ok=True)
+    proc = subprocess.Popen([PORTKIT, *args], env=environ(
+        PORTKIT_CHECKPOINTS=str(trace), PORTKIT_PAUSE_AT=point, PORTKIT_PAUSE_UNTIL=str(go),
+        **env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, preexec_fn=signals_as_a_terminal_sends_them)
+    while " paused" not in (trace.read_text() if trace.exists() else ""):
+        assert proc.poll() is None, proc.communicate()
+    return proc, go
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_while_starting_is_one_line(arena, tmp_path, signum):
+    """At start#1 portkit is still importing: the one line, 128+N, nothing changed."""
+    before = snapshot(arena.fork)
+    proc, go = _paused(move_args(arena, arena.targets[0]), "start#1", tmp_path)
+    os.kill(proc.pid, signum)
+    go.touch()
+    done = finish(proc, ["rebase"])
+    one_line(done, 128 + signum, f"interrupted ({signal.Signals(signum).name}); nothing was "
+                                 f"changed")
+    assert snapshot(arena.fork) == before
+
+
+def test_a_sigterm_right_after_a_fork_move_says_the_move_is_complete(arena, tmp_path):
+    """The move is written and the command is over, but the process has not ended: the
+    signal is told in one line, with what the fork was left as (moved), and exit 143."""
+    args = move_args(arena, arena.targets[0])
+    proc, go = _paused(args, "end#1", tmp_path)
+    os.kill(proc.pid, signal.SIGTERM)
+    go.touch()
+    done = finish(proc, args)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[-1] == "portkit: interrupted (SIGTERM); the change was complete", lines
+    assert [ln for ln in lines if ln.startswith("portkit: ")] == lines[-1:]
+    assert pin_of(arena.fork) == pin_of(arena.targets[0])
+
+
+def test_a_killed_runs_scratch_is_swept_by_the_next_run_and_a_live_ones_is_not(arena,
+                                                                               tmp_path):
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    args = move_args(arena, arena.targets[0])
+    killed, _ = _paused(args, "run:patch#1", tmp_path, TMPDIR=str(tmpdir))
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    left = sorted(p.name for p in tmpdir.iterdir())
+    assert len(left) == 2 and left[1] == left[0] + ".lock", left  # folder and its lock
+    assert any(p.name.startswith("portkit-") for p in (tmpdir / left[0]).iterdir())
+    (tmp_path / "live").mkdir()
+    live, go = _paused(["tree", "info", str(arena.fork)], "end#1", tmp_path / "live",
+                       TMPDIR=str(tmpdir))
+    mine = {p.name for p in tmpdir.iterdir()} - set(left)
+    assert len(mine) == 2  # the live run's folder and lock; the killed one's are gone
+    other = subprocess.run([PORTKIT, "tree", "info", str(arena.fork)], capture_output=True,
+                           text=True, env=environ(TMPDIR=str(tmpdir)))
+    assert other.returncode == 0, other.stderr
+    assert {p.name for p in tmpdir.iterdir()} == mine  # the live one's kept
+    go.touch()
+    assert finish(live, ["tree", "info"]).returncode == 0
+    assert list(tmpdir.iterdir()) == []
