@@ -398,6 +398,12 @@ def interrupt_note() -> str:
     return _Outcome.state
 
 
+def note_complete() -> None:
+    """The command's change is made (a folder published, not a transaction): an interrupt
+    from now on says so."""
+    _Outcome.state = "the change was complete"
+
+
 def _journal_rel() -> str:
     return f"{RECORD_FOLDER}/{JOURNAL}"
 
@@ -690,6 +696,7 @@ def publish_folder(dest: Path, files: dict[str, bytes]) -> None:
                 os.fsync(fh.fileno())
         tmp.chmod(0o777 & ~_umask())
         os.rename(tmp, dest)
+        note_complete()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

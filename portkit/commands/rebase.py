@@ -12,6 +12,7 @@ from portkit import tree as tree_mod
 from portkit.commands.common import fails_cleanly, open_tree
 from portkit.errors import UsageError
 from portkit.series import read_series
+from portkit.transaction import note_complete
 from portkit.tree import Tree
 
 
@@ -77,6 +78,7 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
         if compile_check:
             rebased = rebase_mod.compile_check(rebased, target)
         rebase_mod.write_rebased(rebased, out)
+        note_complete()  # --out is there: an interrupt from now on says so
         click.echo(rebase_mod.render(rebased.report, fmt), nl=False)
         sys.exit(rebased.report.exit_code)
     if out is not None:

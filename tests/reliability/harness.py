@@ -139,11 +139,16 @@ class Killed:
 def interrupt(kill: Kill, tree: Path, work: Path) -> tuple[bool, Run]:
     """Start portkit on `tree` and signal it as `kill` says; whether the point was reached
     (or the process still ran at the delay), and the run."""
+    return interrupt_argv(kill, [*kill.args, "--tree", str(tree)], work)
+
+
+def interrupt_argv(kill: Kill, argv: Sequence[str], work: Path) -> tuple[bool, Run]:
+    """interrupt() of `portkit ARGV` as given (a command that names its tree itself)."""
     trace = work / "trace"
     trace.unlink(missing_ok=True)
     env = environ(PORTKIT_CHECKPOINTS=str(trace), PORTKIT_PAUSE_AT=kill.point or "",
                   PORTKIT_PAUSE_SECONDS=str(PAUSE_SECONDS))
-    proc = subprocess.Popen([PORTKIT, *kill.args, "--tree", str(tree)], env=env,
+    proc = subprocess.Popen([PORTKIT, *argv], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=signals_as_a_terminal_sends_them)
