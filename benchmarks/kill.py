@@ -66,7 +66,7 @@ from tests.reliability.harness import (  # noqa: E402
     trace_points,
 )
 
-COMMITTED = ("committed#1", "unlock#1")
+COMMITTED = ("committed#1", "unlock#1", "end#1")
 GIT_ENV = {"GIT_AUTHOR_NAME": "k", "GIT_AUTHOR_EMAIL": "k@k", "GIT_COMMITTER_NAME": "k",
            "GIT_COMMITTER_EMAIL": "k@k", "GIT_CONFIG_GLOBAL": os.devnull,
            "GIT_CONFIG_NOSYSTEM": "1"}

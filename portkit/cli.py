@@ -26,7 +26,7 @@ from portkit.commands.validate import validate_cmd
 from portkit.drift_model import ATTENTION_EXIT
 from portkit.errors import Interrupted, UsageError
 from portkit.proc import drop_scratch, own_scratch
-from portkit.transaction import checkpoint, interrupt_note
+from portkit.transaction import checkpoint, interrupt_note, wake
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,6 +57,7 @@ class _Late:
 def _note(signum: int, _frame: FrameType | None) -> None:
     if _Late.signum is None:
         _Late.signum = signum
+    wake()
 
 
 def _handlers(handler: Callable[[int, FrameType | None], None] | None) -> None:

@@ -78,12 +78,19 @@ def checkpoint(point: str) -> None:
         os.environ["PORTKIT_PAUSE_AT"] = ""  # once per process
         seconds = float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60"))
         until = os.environ.get("PORTKIT_PAUSE_UNTIL")
-        if not until:
-            time.sleep(seconds)
-            return
         deadline = time.monotonic() + seconds  # or until that file exists: a test's go-ahead
-        while not os.path.exists(until) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while time.monotonic() < deadline and not _Pause.woken and not (
+                until and os.path.exists(until)):
+            time.sleep(0.01)  # a signal that raises ends it; one that is only noted: woken
+
+
+class _Pause:
+    woken = False
+
+
+def wake() -> None:
+    """End a checkpoint's pause (a signal came that does not raise: the test's signal)."""
+    _Pause.woken = True
 
 
 # -- paths inside a tree ---------------------------------------------------------------------
