@@ -1,6 +1,7 @@
 """portkit: port features and patch series across drifting vendored llama.cpp trees."""
 
 import os
+import signal
 import sys
 from types import TracebackType
 
@@ -25,6 +26,24 @@ def _interrupted_early(kind: type[BaseException], value: BaseException,
 
 sys.excepthook = _interrupted_early
 
-from portkit.transaction import checkpoint  # noqa: E402 - only once Ctrl-C is one line
+# The signals portkit ends on with one line. A signal the caller left ignored (a background
+# job's SIGINT, nohup's SIGHUP) stays ignored.
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+IGNORED = frozenset(s for s in STOPPING if signal.getsignal(s) == signal.SIG_IGN)
+
+
+def _stopped_early(signum: int, _frame: object) -> None:
+    """A signal while the program is still starting (importing): nothing was done yet."""
+    os.write(2, f"portkit: interrupted ({signal.Signals(signum).name}); nothing was "
+                f"changed\n".encode())
+    os._exit(128 + signum)
+
+
+if os.path.basename(sys.argv[0] if sys.argv else "") == "portkit":  # the program, not a library
+    for _signum in STOPPING:
+        if _signum not in IGNORED:
+            signal.signal(_signum, _stopped_early)
+
+from portkit.transaction import checkpoint  # noqa: E402 - only once a signal is one line
 
 checkpoint("start")

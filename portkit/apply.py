@@ -57,12 +57,13 @@ from portkit.transaction import (
     RemoveFolder,
     TreeFiles,
     Write,
+    checkpoint,
     settle,
     sha256,
     transaction,
     tree_lock,
 )
-from portkit.tree import OLLAMA, Tree, pin_matches
+from portkit.tree import OLLAMA, Tree, detect, pin_matches
 
 APPLIED, ALREADY, PRESENT, REVERSED, DRY_RUN = (
     "applied", "already applied", "present upstream", "reversed", "dry run")
@@ -285,13 +286,17 @@ def _refuse_unwritable(paths: list[Path]) -> None:
 
 
 @contextmanager
-def _writing(tree: Tree) -> Iterator[None]:
-    """Hold the tree's lock, having rolled back what a killed portkit left half done."""
+def _writing(tree: Tree) -> Iterator[Tree]:
+    """Hold the tree's lock, having rolled back what a killed portkit left half done; the
+    tree as it is now, read again under the lock. Every check of the tree's state (pin,
+    record, uncommitted files, the fork's series) is made on it: what was read before the
+    lock was taken may have been changed by the portkit that held it (a fork move)."""
     with tree_lock(tree.root):
         line = settle(tree.root, writer=True)
         if line:
             print(f"portkit: {line}", file=sys.stderr)
-        yield
+        checkpoint("writing")
+        yield detect(tree.root)
 
 
 # -- apply and reverse ------------------------------------------------------------------------
@@ -316,8 +321,8 @@ def apply(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     check_feature(feature)
     if dry_run:
         return _apply(tree, feature, pin=pin, force=force, dry_run=True, compile_check=False)
-    with _writing(tree):
-        return _apply(tree, feature, pin=pin, force=force, dry_run=False,
+    with _writing(tree) as now:
+        return _apply(now, feature, pin=pin, force=force, dry_run=False,
                       compile_check=compile_check)
 
 
@@ -347,8 +352,8 @@ def apply_series(tree: Tree, series: Series, name: str, *, pin: str | None,
     if dry_run:
         return _apply_series(tree, series, name, pin=pin, force=force, dry_run=True,
                              compile_check=False)
-    with _writing(tree):
-        return _apply_series(tree, series, name, pin=pin, force=force, dry_run=False,
+    with _writing(tree) as now:
+        return _apply_series(now, series, name, pin=pin, force=force, dry_run=False,
                              compile_check=compile_check)
 
 
@@ -430,8 +435,8 @@ def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
     check_feature(feature)
     if dry_run:
         return _reverse(tree, feature, pin=pin, force=force, dry_run=True)
-    with _writing(tree):
-        return _reverse(tree, feature, pin=pin, force=force, dry_run=False)
+    with _writing(tree) as now:
+        return _reverse(now, feature, pin=pin, force=force, dry_run=False)
 
 
 def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,

@@ -3,21 +3,30 @@ portkit/commands/), and the program's entry point."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from collections.abc import Callable
+from contextlib import suppress
+from types import FrameType
+from typing import NoReturn
 
 import click
 
-from portkit import __version__
+from portkit import IGNORED, STOPPING, __version__
 from portkit.commands.anchors import anchors_cmd
 from portkit.commands.apply import apply_cmd
-from portkit.commands.common import exit_for, signals_interrupt
+from portkit.commands.common import _raise_interrupted, exit_for
 from portkit.commands.drift import drift_cmd
 from portkit.commands.rebase import rebase_cmd
 from portkit.commands.recover import recover_cmd
 from portkit.commands.render import render_cmd
 from portkit.commands.tree import tree
 from portkit.commands.validate import validate_cmd
-from portkit.errors import UsageError
+from portkit.drift_model import ATTENTION_EXIT
+from portkit.errors import Interrupted, UsageError
+from portkit.proc import drop_scratch, own_scratch
+from portkit.transaction import checkpoint, interrupt_note, wake
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,18 +48,88 @@ for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, drift_cm
     cli.add_command(command)
 
 
-def main() -> None:
-    """The `portkit` program: click's own failures (usage, Ctrl-C) in portkit's format too."""
+class _Late:
+    """A signal that came once the command was over (noted, not raised)."""
+
+    signum: int | None = None
+
+
+def _note(signum: int, _frame: FrameType | None) -> None:
+    if _Late.signum is None:
+        _Late.signum = signum
+    wake()
+
+
+def _handlers(handler: Callable[[int, FrameType | None], None] | None) -> None:
+    """Every stopping signal (but those the caller left ignored) to `handler`; None: SIGINT
+    raises KeyboardInterrupt and SIGTERM, SIGHUP raise Interrupted (a transaction under way
+    rolls back)."""
+    for signum in STOPPING:
+        if signum in IGNORED:
+            continue
+        if handler is not None:
+            signal.signal(signum, handler)
+        elif signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, _raise_interrupted)
+
+
+def _code(exc: SystemExit) -> int:
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    click.echo(f"portkit: {exc.code}", err=True)
+    return 1
+
+
+def _report(failure: BaseException) -> int:
+    """The one line of a failure (click's own ones in portkit's format too) and its code."""
     try:
-        with signals_interrupt():
-            code = cli.main(prog_name="portkit", standalone_mode=False)
-    except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx else "portkit"
-        click.echo(f"portkit: {exc.format_message().rstrip('.')} (see {where} --help)", err=True)
-        sys.exit(UsageError.exit_code)
-    except click.ClickException as exc:
-        click.echo(f"portkit: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except BaseException as exc:  # Ctrl-C outside a command too
-        exit_for(exc)
-    sys.exit(code if isinstance(code, int) else 0)
+        if isinstance(failure, click.UsageError):
+            where = failure.ctx.command_path if failure.ctx else "portkit"
+            click.echo(f"portkit: {failure.format_message().rstrip('.')} (see {where} --help)",
+                       err=True)
+            return UsageError.exit_code
+        if isinstance(failure, click.ClickException):
+            click.echo(f"portkit: {failure.format_message()}", err=True)
+            return failure.exit_code
+        exit_for(failure)  # Ctrl-C outside a command too
+    except SystemExit as exc:
+        return _code(exc)
+
+
+def main() -> NoReturn:
+    """The `portkit` program. Every signal ends it with one line and 128+N: while it starts
+    (portkit/__init__.py), while a command runs (Interrupted: a transaction rolls back), and
+    once the command is over (the line says what it left, e.g. a fork move complete)."""
+    _handlers(None)
+    own_scratch()
+    failure: BaseException | None = None
+    code = 0
+    try:
+        result = cli.main(prog_name="portkit", standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except BaseException as exc:
+        failure = exc
+    _handlers(_note)  # from here on a signal is noted, not raised: the end is not cut short
+    checkpoint("end")
+    if isinstance(failure, SystemExit):
+        code = _code(failure)
+    elif failure is not None:
+        code = _report(failure)
+    _end(code, reported=failure is not None and not isinstance(failure, SystemExit))
+
+
+def _end(code: int, *, reported: bool) -> NoReturn:
+    """Flush, tidy and exit; a signal that came once the command was over (and had said
+    nothing yet) is told in one line, with what the command left, and exits 128+N."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    drop_scratch()
+    if _Late.signum is not None and (code in (0, ATTENTION_EXIT) and not reported):
+        with suppress(OSError):
+            os.write(2, f"portkit: {Interrupted(_Late.signum).message}; "
+                        f"{interrupt_note()}\n".encode())
+        code = 128 + _Late.signum
+    os._exit(code)  # no interpreter shutdown: no window where a signal kills it unheard

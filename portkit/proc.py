@@ -4,13 +4,22 @@ No subprocess reads portkit's standard input (a command that would wait for it g
 empty one instead). Every git call goes through `git()`, which seals git off from the
 user's and the system's configuration and from GIT_* variables of the calling
 environment, so that what portkit computes with git does not depend on who runs it.
+
+The portkit program keeps every temporary file of its own and of the programs it runs in
+one folder of its own, $TMPDIR/portkit-run-*, beside a lock file it holds (flock) for as
+long as it lives (`own_scratch`): a later run removes the folders whose owner is gone (killed
+outright), and never a live run's.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import secrets
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -126,3 +135,87 @@ def stream(
             proc.kill()  # an interrupt ends the build too, instead of waiting for it
             raise
         return proc.wait()
+
+
+# -- the program's own scratch folder ---------------------------------------------------------
+
+RUN_PREFIX = "portkit-run-"
+
+
+class _Own:
+    folder: Path | None = None
+    lock: Path | None = None
+    fd: int | None = None
+
+
+def sweep_runs(base: Path) -> list[Path]:
+    """Remove the scratch folders under `base` whose owner process is gone: its lock file
+    is free (the kernel released the flock when it died). A live owner holds it; another
+    user's are left alone. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        locks = [e for e in base.iterdir() if e.name.startswith(RUN_PREFIX)
+                 and e.name.endswith(".lock")]
+    except OSError:
+        return removed
+    for lock in locks:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue  # its owner lives
+                raise
+            folder = lock.with_name(lock.name.removesuffix(".lock"))
+            shutil.rmtree(folder, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(folder)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
+def own_scratch() -> Path | None:
+    """Give this process a scratch folder of its own (see the module's docstring) and make
+    it the temporary folder of everything it makes and runs (tempfile, $TMPDIR); first sweep
+    the ones of portkit processes that were killed. None if $TMPDIR cannot be written."""
+    base = Path(tempfile.gettempdir())
+    sweep_runs(base)
+    name = f"{RUN_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    lock, folder, unnamed = base / f"{name}.lock", base / name, base / f".{name}.lock"
+    try:
+        fd = os.open(unnamed, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return None
+    try:  # the lock is held before a sweeper can see it, and the folder never lacks one
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(unnamed, lock)
+        folder.mkdir(mode=0o700)
+    except OSError:
+        os.close(fd)
+        unnamed.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+        return None
+    _Own.folder, _Own.lock, _Own.fd = folder, lock, fd
+    tempfile.tempdir = str(folder)
+    os.environ["TMPDIR"] = str(folder)
+    return folder
+
+
+def drop_scratch() -> None:
+    """Remove this process's scratch folder (at its end)."""
+    if _Own.folder is None or _Own.lock is None or _Own.fd is None:
+        return
+    shutil.rmtree(_Own.folder, ignore_errors=True)
+    _Own.lock.unlink(missing_ok=True)
+    os.close(_Own.fd)
+    _Own.folder = _Own.lock = _Own.fd = None

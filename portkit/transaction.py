@@ -64,7 +64,8 @@ _hits: dict[str, int] = {}
 def checkpoint(point: str) -> None:
     """With PORTKIT_CHECKPOINTS=FILE, note "pid point#n" there (the n-th time this process
     reaches the point); with PORTKIT_PAUSE_AT=PATTERN (fnmatch on "point#n"), also stop at
-    the first match for PORTKIT_PAUSE_SECONDS (60): time for a test to kill the process."""
+    the first match for PORTKIT_PAUSE_SECONDS (60): time for a test to kill the process; with
+    PORTKIT_PAUSE_UNTIL=FILE as well, go on as soon as FILE exists (a test's go-ahead)."""
     trace = os.environ.get("PORTKIT_CHECKPOINTS")
     if not trace:
         return
@@ -76,7 +77,21 @@ def checkpoint(point: str) -> None:
         out.write(f"{os.getpid()} {name}{' paused' if pause else ''}\n")
     if pause:
         os.environ["PORTKIT_PAUSE_AT"] = ""  # once per process
-        time.sleep(float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60")))
+        seconds = float(os.environ.get("PORTKIT_PAUSE_SECONDS", "60"))
+        until = os.environ.get("PORTKIT_PAUSE_UNTIL")
+        deadline = time.monotonic() + seconds  # or until that file exists: a test's go-ahead
+        while time.monotonic() < deadline and not _Pause.woken and not (
+                until and os.path.exists(until)):
+            time.sleep(0.01)  # a signal that raises ends it; one that is only noted: woken
+
+
+class _Pause:
+    woken = False
+
+
+def wake() -> None:
+    """End a checkpoint's pause (a signal came that does not raise: the test's signal)."""
+    _Pause.woken = True
 
 
 # -- paths inside a tree ---------------------------------------------------------------------
@@ -449,6 +464,12 @@ def interrupt_note() -> str:
     return _Outcome.state
 
 
+def note_complete() -> None:
+    """The command's change is made (a folder published, not a transaction): an interrupt
+    from now on says so."""
+    _Outcome.state = "the change was complete"
+
+
 def _journal_rel() -> str:
     return f"{RECORD_FOLDER}/{JOURNAL}"
 
@@ -673,6 +694,7 @@ def _holder(fd: int, wait: bool) -> str:
 def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
     """Hold the tree's writer lock for the with-block (BusyError after `wait` seconds)."""
     deadline = time.monotonic() + (lock_wait() if wait is None else wait)
+    checkpoint("lock")  # about to take it: what was read of the tree so far may go stale
     with TreeFiles(root) as files:
         while True:
             pfd = _record_folder(files)
@@ -776,6 +798,7 @@ def publish_folder(dest: Path, files: dict[str, bytes]) -> None:
                 os.fsync(fh.fileno())
         tmp.chmod(0o777 & ~_umask())
         os.rename(tmp, dest)
+        note_complete()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

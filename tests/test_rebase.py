@@ -13,7 +13,6 @@ tests/data/fork-series carried onto 0.3.17 and 0.3.19, against the patches redon
 from __future__ import annotations
 
 import difflib
-from collections import Counter
 import hashlib
 import json
 import os
@@ -22,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 

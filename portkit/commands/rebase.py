@@ -12,6 +12,7 @@ from portkit import tree as tree_mod
 from portkit.commands.common import fails_cleanly, open_tree
 from portkit.errors import UsageError
 from portkit.series import read_series
+from portkit.transaction import note_complete
 from portkit.tree import Tree
 
 
@@ -77,6 +78,7 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
         if compile_check:
             rebased = rebase_mod.compile_check(rebased, target)
         rebase_mod.write_rebased(rebased, out)
+        note_complete()  # --out is there: an interrupt from now on says so
         click.echo(rebase_mod.render(rebased.report, fmt), nl=False)
         sys.exit(rebased.report.exit_code)
     if out is not None:
@@ -86,16 +88,24 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
     move = rebase_mod.plan_fork(fork, target, base=_tree(base) if base else None,
                                 target_label=onto)
     if compile_check:
-        move.rebased = rebase_mod.compile_check(move.rebased, target)
-    click.echo(rebase_mod.render(move.rebased.report, fmt), nl=False)
+        move.rebased, move.compiled = rebase_mod.compile_check(move.rebased, target), True
     if dry_run or move.blocked:
+        click.echo(rebase_mod.render(move.rebased.report, fmt), nl=False)
         click.echo(move.describe(), nl=False, err=True)
         if move.blocked and not dry_run:
             click.echo(f"portkit: {len(move.blocked)} patch(es) need a human: the fork is not "
                        f"moved", err=True)
         sys.exit(move.rebased.report.exit_code)
-    said = rebase_mod.move_fork(move)
+    # The fork is checked again under its lock: moved or changed meanwhile, it is planned
+    # again there, and the report is the one of the move that was made.
+    move, said = rebase_mod.move_fork(move)
+    click.echo(rebase_mod.render(move.rebased.report, fmt), nl=False)
     if said:
         click.echo(f"portkit: {said}", err=True)
-    click.echo(f"moved {fork.root} to llama.cpp {move.pin[:12]}", err=True)
+    if move.blocked:
+        click.echo(move.describe(), nl=False, err=True)
+        click.echo(f"portkit: {len(move.blocked)} patch(es) need a human: the fork is not "
+                   f"moved", err=True)
+    else:
+        click.echo(f"moved {fork.root} to llama.cpp {move.pin[:12]}", err=True)
     sys.exit(move.rebased.report.exit_code)

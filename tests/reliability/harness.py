@@ -139,20 +139,49 @@ class Killed:
 def interrupt(kill: Kill, tree: Path, work: Path) -> tuple[bool, Run]:
     """Start portkit on `tree` and signal it as `kill` says; whether the point was reached
     (or the process still ran at the delay), and the run."""
+    return interrupt_argv(kill, [*kill.args, "--tree", str(tree)], work)
+
+
+def interrupt_argv(kill: Kill, argv: Sequence[str], work: Path) -> tuple[bool, Run]:
+    """interrupt() of `portkit ARGV` as given (a command that names its tree itself)."""
     trace = work / "trace"
     trace.unlink(missing_ok=True)
-    env = environ(PORTKIT_CHECKPOINTS=str(trace), PORTKIT_PAUSE_AT=kill.point or "")
-    proc = subprocess.Popen([PORTKIT, *kill.args, "--tree", str(tree)], env=env,
+    env = environ(PORTKIT_CHECKPOINTS=str(trace), PORTKIT_PAUSE_AT=kill.point or "",
+                  PORTKIT_PAUSE_SECONDS=str(PAUSE_SECONDS))
+    proc = subprocess.Popen([PORTKIT, *argv], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=signals_as_a_terminal_sends_them)
     reached = _wait_for(proc, trace, kill)
     if proc.poll() is None:
         if kill.signum == signal.SIGKILL:
             os.killpg(proc.pid, signal.SIGKILL)  # git children too
         else:
             os.kill(proc.pid, kill.signum)
-    out, err = proc.communicate(timeout=60)
+    try:  # a process that got its signal ends at once; one that never did sits out its pause
+        out, err = proc.communicate(timeout=4 * PAUSE_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{kill.name}: still running {4 * PAUSE_SECONDS} s after the "
+                             f"signal") from None
     return reached, Run(kill.args, proc.returncode, out, err, proc.pid)
+
+
+# How long a process paused at a checkpoint waits to be killed. A process that ignores the
+# signal (see below) runs on after it; the harness waits four times as long before it calls
+# that a hang.
+PAUSE_SECONDS = 60
+
+
+def signals_as_a_terminal_sends_them() -> None:
+    """In the child, before portkit starts: SIGINT, SIGTERM and SIGHUP at their defaults.
+    A process started by a shell in the background (a CI job beside others, `cmd &`,
+    nohup) inherits SIGINT (or SIGHUP) ignored, and portkit, like any program, leaves an
+    inherited ignore alone: the Ctrl-C a test sends would never arrive, and the paused
+    process would sit out its whole pause (issue 19, item 9)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def state_of(tree: Path, states: dict[str, dict[str, str]]) -> str:

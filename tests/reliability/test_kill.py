@@ -27,7 +27,7 @@ from .harness import (
     trace_points,
 )
 
-COMMITTED = ("committed#1", "unlock#1")  # past the commit: the change stands
+COMMITTED = ("committed#1", "unlock#1", "end#1")  # past the commit: the change stands
 
 
 def run_kills(kills: list[Kill], tree: Path, start: Path, trees: Trees,
@@ -79,7 +79,7 @@ def test_checkpoints_cover_every_write_and_git_call(points):
     runs = [p for p in apply_points if p.startswith("run:")]
     # GNU patch, checked and then run on the private copy for each file of each patch
     assert runs == [f"run:patch#{n}" for n in range(1, len(runs) + 1)] and len(runs) >= 5
-    assert points["reverse"][-3:] == ["commit#1", "committed#1", "unlock#1"]
+    assert points["reverse"][-4:] == ["commit#1", "committed#1", "unlock#1", "end#1"]
 
 
 def test_sigkill_during_apply(trees, tree, points, tmp_path_factory):
