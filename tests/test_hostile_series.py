@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -144,14 +145,20 @@ def test_drift_reports_a_patch_into_git_as_that_patchs_verdict(fixture_git_tree,
 
 
 @pytest.mark.parametrize("path", KINDS, ids=[p.decode() for p in KINDS])
-def test_rebase_refuses_a_series_into_git(fixture_git_tree, tmp_path, path):
+def test_rebase_never_carries_a_patch_into_git(fixture_git_tree, tmp_path, path):
+    """rebase reads a series leniently: the patch is that patch's needs-human verdict,
+    naming the path, and nothing of it is carried (its file is kept in --out as it was)."""
     tree = fixture_git_tree("old")
-    folder = series_of(tmp_path / "s", {"0001-evil.patch": mail(b"evil", creation(path))})
+    evil = mail(b"evil", creation(path))
+    folder = series_of(tmp_path / "s", {"0001-evil.patch": evil})
     before = everything(tree)
     result = invoke("rebase", "--series", str(folder), "--base", str(tree), "--onto", str(tree),
-                    "--out", str(tmp_path / "out"))
-    assert result.exit_code == 12 and path.decode() in one_line(result)
-    assert not (tmp_path / "out").exists()
+                    "--out", str(tmp_path / "out"), "--format", "json")
+    assert result.exit_code == 20, result.output
+    (row,) = json.loads(result.stdout)["patches"]
+    assert row["status"] == "needs-human" and f"refusing {path.decode()}" in row["reason"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["0001-evil.patch"]
+    assert (tmp_path / "out" / "0001-evil.patch").read_bytes() == evil
     assert everything(tree) == before
 
 
@@ -251,12 +258,15 @@ def _run(command: str, folder: Path, tree: Path, tmp_path: Path) -> Result:
 
 
 def _one_verdict_or_line(result: Result, command: str, reason: str) -> None:
-    """drift reports an unreadable patch as its verdict; rebase and apply refuse the series
-    in one line (exit 12)."""
+    """drift and rebase report an unreadable patch as its verdict (conflict, needs-human);
+    apply refuses the series in one line (exit 12)."""
     if command == "drift":
         assert result.exit_code == 20, result.output
         (patch,) = json.loads(result.stdout)["targets"][0]["patches"]
         assert patch["status"] == "conflict" and reason in patch["hunks"][0]["reason"]
+    elif command == "rebase":
+        assert result.exit_code == 20, result.output
+        assert re.search(rf"needs-human +it cannot be read: .*{reason}", result.stdout)
     else:
         assert result.exit_code == 12 and reason in one_line(result)
 
