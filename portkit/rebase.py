@@ -379,9 +379,10 @@ class _Carrier:
             if there.status == DROPPED:
                 return there
         if isinstance(text, _Outcome):
+            text = self._semantic(patch, text)  # on the files as they were before it
             for rel, data in text.after.items():
                 self.work.put(rel, data, text.modes.get(rel))
-            return self._after_left_out(patch, self._semantic(patch, text))
+            return self._after_left_out(patch, text)
         outcome = self._structure(patch, before_base)
         if outcome.status in (UNCHANGED, MERGED):
             outcome = replace(outcome, status=NEEDS_REVIEW, reason=(
