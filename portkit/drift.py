@@ -83,6 +83,7 @@ from portkit.index import (
     Symbol,
     flat,
 )
+from portkit.merge import line_blocks
 from portkit.render import upstream_patches
 from portkit.series import FileDiff, Hunk, Patch, Series
 from portkit.tree import Tree
@@ -597,6 +598,12 @@ class _Target:
               reason: str, patch_line: int, found: int | None = None) -> HunkDrift:
         base_sym = self.base_symbol(hunk)
         name = base_sym.qualname if base_sym else None
+        if status == H_FUZZ:
+            there = self.there_verbatim(hunk)
+            if there:
+                return HunkDrift(hunk.path, hunk.old_start, PRESENT_UPSTREAM,
+                                 f"it lands only with fuzz {fuzz}, and the target has it "
+                                 f"already: {there}", patch_line, offset, fuzz, name)
         if status in (H_CLEAN, H_OFFSET, H_FUZZ):
             # Text first: where GNU patch places a hunk, that is its verdict. No presence
             # rule and no locator overrules it (they may only be wrong where text is not).
@@ -615,6 +622,23 @@ class _Target:
                              nearest=Nearest(hunk.path, found, "\n".join(
                                  hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
+
+    def there_verbatim(self, hunk: Hunk) -> str:
+        """For a hunk GNU patch lands only by ignoring context (fuzz: git apply would not
+        take it): why the target's file has its change already by a rule that reads the
+        lines as they are, when the lines it adds are new to the file since the base."""
+        text = self.target.text(hunk.path)
+        if text is None:
+            return ""
+        place = Place(self, hunk, hunk.path, None, text.splitlines())
+        if not place.added or set(place.added) <= set(self.base.flat_lines(hunk.path)):
+            return ""
+        for rule in PRESENCE_RULES:
+            if rule.verbatim:
+                why = rule.holds(place)
+                if why:
+                    return why
+        return ""
 
     def review_note(self, hunk: Hunk) -> str:
         """For a hunk that applies: a function or declaration it adds that upstream seems to
@@ -820,9 +844,8 @@ class _Target:
         if current is None or upstream is None:
             return line
         if self._blocks.get(rel, (None, []))[0] is not current:
-            matcher = SequenceMatcher(None, upstream.splitlines(), current.decode(
-                "utf-8", errors="surrogateescape").splitlines(), autojunk=False)
-            self._blocks[rel] = (current, [(a, b) for a, b, _ in matcher.get_matching_blocks()])
+            self._blocks[rel] = (current, line_blocks(
+                upstream.encode("utf-8", errors="surrogateescape"), current))
         blocks = self._blocks[rel][1]
         at = bisect_right(blocks, (line - 1, len(current) + 1)) - 1
         a, b = blocks[at] if at >= 0 else (0, 0)

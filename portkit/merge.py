@@ -20,6 +20,7 @@ Every other conflict stays a conflict: structure (portkit.drift) or a human deci
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -172,6 +173,32 @@ def _block(lines: list[bytes], start: int) -> tuple[int, int, int] | None:
         elif line in (_OURS, *want):
             return None
     return None
+
+
+_RANGE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def line_blocks(old: bytes, new: bytes) -> list[tuple[int, int]]:
+    """Where the runs of lines `old` and `new` share start (0-based line in each), in order,
+    as git's diff aligns the two: a line in such a run is `line - a + b` in `new`."""
+    if old == new:
+        return [(0, 0)]
+    with tempfile.TemporaryDirectory(prefix="portkit-lines-") as tmp:
+        room = Path(tmp)
+        (room / "old").write_bytes(old)
+        (room / "new").write_bytes(new)
+        done = git(["diff", "--no-index", "--no-color", "--no-ext-diff", "-U0", "old", "new"],
+                   cwd=room, check=False, ceiling=room)
+    if done.returncode not in (0, 1):
+        raise ToolFailed("git could not compare two versions of a file "
+                         f"({done.stderr.strip() or f'exit {done.returncode}'})")
+    blocks = [(0, 0)]
+    for m in _RANGE.finditer(done.stdout):
+        a, b = int(m.group(1)), int(m.group(3))
+        la = 1 if m.group(2) is None else int(m.group(2))
+        lb = 1 if m.group(4) is None else int(m.group(4))
+        blocks.append((a - 1 + la if la else a, b - 1 + lb if lb else b))
+    return blocks
 
 
 def merge(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None) -> Merged:
