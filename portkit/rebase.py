@@ -56,7 +56,7 @@ from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
-from portkit.merge import BESIDE, SAME_POINT, merge, merge3
+from portkit.merge import ALREADY, BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
     REGULAR,
@@ -523,13 +523,13 @@ class _Carrier:
                 if merged.conflicts:
                     conflicts.append(f"{rel}: {merged.conflicts} conflict(s) in a 3-way merge")
                     failed.append(rel)
-                    if merged.carried != o:  # what did merge, for the view of later patches
-                        after[home] = merged.carried
-                        modes[home] = mode
                     continue
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
                 beside = merged.settled.count(BESIDE)
+                if ALREADY in merged.settled:
+                    said.append(f"{home}: what it inserts at {merged.settled.count(ALREADY)} "
+                                "place(s) git's merge stops at is in the target already")
                 if same:
                     review.append(f"{home}: upstream inserted lines where this patch inserts "
                                   f"its own ({same}x): the patch's lines were put first, "
@@ -604,20 +604,27 @@ class _Carrier:
 
     def moved(self, rel: str, data: bytes) -> tuple[str, bytes] | None:
         """Where the file `rel` (`data` in the base) went in the target, as git's rename
-        detection finds it among the files of the same name: the most similar one, at
-        least half alike; None when there is none."""
+        detection finds it: the most similar file, at least half alike, among those of the
+        same name, else among the target's files of the same kind that the base lacks;
+        None when there is none."""
         name = PurePosixPath(rel).name
-        best: tuple[float, str] | None = None
-        for other in self.lead_files().get(name, []):
-            if other == rel or self.work.get(other) is None:
-                continue
-            score = similarity(data, self.work.get(other) or b"")
-            if score >= 0.5 and (best is None or score > best[0]):
-                best = (score, other)
-        if best is None:
-            return None
-        found = self.work.get(best[1])
-        return (best[1], found) if found is not None else None
+        suffix = PurePosixPath(rel).suffix
+        same = self.lead_files().get(name, [])
+        new = [other for files in self.lead_files().values() for other in files
+               if other.endswith(suffix) and other not in same
+               and not (self.lead.base.root / other).exists()]
+        for candidates in (same, new):
+            best: tuple[float, str] | None = None
+            for other in candidates:
+                if other == rel or self.work.get(other) is None:
+                    continue
+                score = similarity(data, self.work.get(other) or b"")
+                if score >= 0.5 and (best is None or score > best[0]):
+                    best = (score, other)
+            if best is not None:
+                found = self.work.get(best[1])
+                return (best[1], found) if found is not None else None
+        return None
 
     def lead_files(self) -> dict[str, list[str]]:
         """The target's files by file name."""
