@@ -50,13 +50,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from portkit import drift_model as dm
+from portkit.anchors import aliases_of
 from portkit.apply import refuse_uncommitted
 from portkit.cache import lay_down, read_entry
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
-from portkit.merge import ALREADY, BESIDE, SAME_POINT, merge, merge3
+from portkit.merge import ALREADY as THERE_ALREADY
+from portkit.merge import BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
     REGULAR,
@@ -379,6 +381,7 @@ class _Carrier:
             if there.status == DROPPED:
                 return there
         if isinstance(text, _Outcome):
+            text = self._in_target_names(patch, text, before_work)
             text = self._semantic(patch, text)  # on the files as they were before it
             for rel, data in text.after.items():
                 self.work.put(rel, data, text.modes.get(rel))
@@ -407,6 +410,47 @@ class _Carrier:
         for rel, data in outcome.after.items():
             self.work.put(rel, data)
         return self._after_left_out(patch, outcome)
+
+    def _in_target_names(self, patch: Patch, outcome: _Outcome,
+                         ours: dict[str, bytes | None]) -> _Outcome:
+        """What text carried, with the names its added lines use that the target knows by
+        another name (a rename of portkit/data/aliases.toml: the base defines the name, the
+        target only its alias) written as the target writes them: text cannot know a
+        rename, structure can. Not what `git am -3` writes, so for review, saying so."""
+        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
+            return outcome
+        renames: dict[str, str] = {}
+        for word in identifiers(line for h in patch.hunks for line in h.added):
+            if self.lead.target.index.find(word) or not self.lead.base.index.find(word):
+                continue
+            alias = next((a for a in aliases_of(word)
+                          if a != word and self.lead.target.index.find(a)), None)
+            if alias is not None:
+                renames[word] = alias
+        if not renames:
+            return outcome
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+        after = dict(outcome.after)
+        for rel, data in outcome.after.items():
+            if data is None:
+                continue
+            old = (ours.get(rel) or b"").splitlines(keepends=True)
+            new = data.splitlines(keepends=True)
+            start, end, lines = _region(old, new)
+            kept = Counter(old[start:end])
+            written = []
+            for line in lines:
+                if kept[line] > 0:
+                    kept[line] -= 1
+                    written.append(line)
+                else:
+                    written.append(pattern.sub(lambda m: renames[m.group(1)], line.decode(
+                        "utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+            after[rel] = b"".join(new[:start] + written + new[len(new) - (len(old) - end):])
+        said = ", ".join(f"{a} -> {b}" for a, b in sorted(renames.items()))
+        return replace(outcome, status=NEEDS_REVIEW, after=after, reason=(
+            f"written with the target's names ({said}: renames upstream made); "
+            f"{outcome.reason}"))
 
     def _there_already(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
                        base: dict[str, bytes | None]) -> _Outcome:
@@ -527,8 +571,9 @@ class _Carrier:
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
                 beside = merged.settled.count(BESIDE)
-                if ALREADY in merged.settled:
-                    said.append(f"{home}: what it inserts at {merged.settled.count(ALREADY)} "
+                if THERE_ALREADY in merged.settled:
+                    said.append(f"{home}: what it inserts at "
+                                f"{merged.settled.count(THERE_ALREADY)} "
                                 "place(s) git's merge stops at is in the target already")
                 if same:
                     review.append(f"{home}: upstream inserted lines where this patch inserts "
