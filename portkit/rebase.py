@@ -399,6 +399,12 @@ class _Carrier:
             # series leaves them, and only the files left for a human are missing.
             for rel in text.failed:
                 self.left_out_files.setdefault(rel, patch.name)
+            # a file whose every hunk upstream has already is not carried in part
+            upstream = {f.path for f in patch.files
+                        if f.hunks and len(_hunks_there(f, before_work, before_base))
+                        == len(f.hunks)}
+            text = replace(text, clean={rel: d for rel, d in text.clean.items()
+                                        if rel not in upstream})
             if text.clean:
                 for rel, data in text.clean.items():
                     self.work.put(rel, data, text.modes.get(rel))
@@ -459,17 +465,9 @@ class _Carrier:
         may write it twice. Never a drop (text carried it): a note for a reviewer."""
         if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
             return outcome
-        notes = []
-        for f in patch.files:
-            if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
-                continue
-            here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
-            before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
-            for hunk in f.hunks:
-                added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
-                if added and all(a in here and a not in before for a in added):
-                    notes.append(f"{f.path}:{hunk.old_start}: every line it adds is in the "
-                                 "target already: carried, it may be there twice")
+        notes = [f"{f.path}:{hunk.old_start}: every line it adds is in the target already: "
+                 "carried, it may be there twice"
+                 for f in patch.files for hunk in _hunks_there(f, ours, base)]
         if not notes:
             return outcome
         if outcome.settled and len(notes) == len(patch.hunks):
@@ -933,6 +931,22 @@ class _Carrier:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _hunks_there(f: FileDiff, ours: dict[str, bytes | None],
+                 base: dict[str, bytes | None]) -> list[Hunk]:
+    """The hunks of file section `f` that add only lines the target's file (`ours`) has and
+    the base's did not: what upstream took as it is."""
+    if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
+        return []
+    here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
+    before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
+    out = []
+    for hunk in f.hunks:
+        added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
+        if added and all(a in here and a not in before for a in added):
+            out.append(hunk)
+    return out
 
 
 def _text_of(data: bytes | None) -> str:
