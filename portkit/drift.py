@@ -37,7 +37,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from portkit.anchors import Candidate, Locator, akin, aliases_of, canonical, find
-from portkit.cache import lay_down
+from portkit.cache import lay_down, read_entry
 from portkit.drift_model import (
     ALREADY_APPLIED,
     CLEAN,
@@ -209,10 +209,10 @@ class Side:
         return Index.build(self.root, self.patterns)
 
     def text(self, rel: str) -> str | None:
-        path = self.root / rel
-        if not path.is_file():
-            return None
-        return path.read_bytes().decode("utf-8", errors="surrogateescape")
+        """The file as git sees it: a symbolic link is its target's name, never the file it
+        points to (which may be outside the tree: its text must not reach a report)."""
+        found = read_entry(self.root / rel)
+        return found[0].decode("utf-8", errors="surrogateescape") if found else None
 
     def flat_lines(self, rel: str) -> list[str]:
         """The file's lines without layout and comments (cached: many hunks search one)."""
@@ -1069,8 +1069,8 @@ class _Target:
         """The target's file as the earlier patches of the series left it."""
         if rel in self.current:
             return self.current[rel]
-        path = self.target.root / rel
-        return path.read_bytes() if path.is_file() else None
+        found = read_entry(self.target.root / rel)
+        return found[0] if found else None
 
     # -- semantic drift ----------------------------------------------------------------
 

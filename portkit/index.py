@@ -552,10 +552,12 @@ def index_file(rel: str, src: bytes, parses: ParseCache | None = None) -> FileIn
 def source_files(root: Path, patterns: Iterable[str]) -> list[str]:
     """Relative paths of the C/C++ files under `root` matching any glob pattern."""
     found: set[str] = set()
+    inside = root.resolve()
     for pattern in patterns:
         for path in root.glob(pattern):
-            if path.is_file() and path.suffix in _SOURCE_SUFFIXES:
-                found.add(path.relative_to(root).as_posix())
+            if path.is_file() and path.suffix in _SOURCE_SUFFIXES and (
+                    not path.is_symlink() or path.resolve().is_relative_to(inside)):
+                found.add(path.relative_to(root).as_posix())  # never a link out of the tree
     return sorted(found)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -324,3 +325,38 @@ def test_git_refuses_what_portkit_refuses(tmp_path):
                               capture_output=True, env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1",
                                                         "GIT_CONFIG_GLOBAL": "/dev/null"})
         assert done.returncode != 0, path
+
+
+# -- reports never read through a link that leaves the tree ------------------------------------
+
+
+def test_reports_never_read_through_a_link_out_of_the_target(fixture_tree, tmp_path):
+    """A target whose src/llama-graph.cpp is a symbolic link to a file outside it: neither
+    drift's Markdown nor rebase's report and side files carry that file's text."""
+    base = fixture_tree("old")
+    target = tmp_path / "target"
+    shutil.copytree(base, target, symlinks=True)
+    secret = tmp_path / "outside" / "secret.cpp"
+    secret.parent.mkdir()
+    graph = first_line(base, GRAPH)
+    # upstream's line changed right where the patch edits: the hunk fails, and a report
+    # would show the nearest match, the file's own lines, if it read through the link
+    secret.write_bytes((base / GRAPH).read_bytes().replace(
+        graph, graph + b" // SECRET-OUTSIDE-THE-TREE", 1))
+    (target / GRAPH).unlink()
+    (target / GRAPH).symlink_to(secret)
+    kept = secret.read_bytes()
+    folder = series_of(tmp_path / "s", {"0001-one.patch": mail(
+        b"one", edit_of(GRAPH.encode(), graph, graph + b" // one"))})
+    drift = invoke("drift", "--series", str(folder), "--base", str(base), "--tree",
+                   str(target), "--format", "markdown")
+    assert drift.exit_code in (0, 20), drift.output
+    assert "SECRET-OUTSIDE-THE-TREE" not in drift.output
+    out = tmp_path / "out"
+    rebase = invoke("rebase", "--series", str(folder), "--base", str(base), "--onto",
+                    str(target), "--out", str(out), "--format", "markdown")
+    assert rebase.exit_code in (0, 20), rebase.output
+    assert "SECRET-OUTSIDE-THE-TREE" not in rebase.output
+    written = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert b"SECRET-OUTSIDE-THE-TREE" not in written
+    assert secret.read_bytes() == kept  # and nothing wrote through it
