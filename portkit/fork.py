@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from portkit.errors import TreeError
 from portkit.series import Patch, Series
@@ -216,6 +216,24 @@ def _recipe(makefile: str, target: str) -> str | None:
     return None
 
 
+def _single_sources(command: str) -> tuple[str, ...]:
+    """The single files the rsync line sends besides its folder, relative to the upstream
+    checkout (`$(addprefix $<,/LICENSE /ggml/)` or `$</LICENSE`): ollama sends llama.cpp's
+    LICENSE into each vendored folder that way."""
+    items: list[str] = []
+    for m in re.finditer(r"\$\(addprefix \$<,([^)]*)\)", command):
+        items += m.group(1).split()
+    items += re.findall(r"(?<![(,])\$<(/\S+)", command)
+    return tuple(i.strip("/") for i in items if i.strip("/") and not i.endswith("/"))
+
+
+def sync_sources(root: Path, folder: str) -> tuple[str, ...]:
+    """The single files Makefile.sync's rsync line sends into `folder` (see _single_sources)."""
+    sync = root / SYNC
+    command = _recipe(sync.read_text(errors="replace"), folder) if sync.is_file() else None
+    return _single_sources(command) if command else ()
+
+
 def sync_rules(root: Path, folder: str) -> list[Rule]:
     """The rules rsync syncs `folder` (relative to the fork's root) with: those its
     Makefile.sync line gives (`-f RULE`, `--filter=RULE`, `--include=`, `--exclude=`, in
@@ -285,6 +303,7 @@ class Side:
     folder: str  # relative to the fork's root
     prefix: str
     rules: tuple[Rule, ...]
+    singles: tuple[str, ...] = ()  # files sent from llama.cpp's root too (its LICENSE)
 
 
 @dataclass(frozen=True)
@@ -303,8 +322,9 @@ class Vendoring:
         sides = []
         if not fork.ggml_root.is_relative_to(fork.llama_root):
             ggml = fork.ggml_root.relative_to(root).as_posix()
-            sides.append(Side(ggml, "ggml/", tuple(sync_rules(root, ggml))))
-        sides.append(Side(llama, "", tuple(sync_rules(root, llama))))
+            sides.append(Side(ggml, "ggml/", tuple(sync_rules(root, ggml)),
+                              sync_sources(root, ggml)))
+        sides.append(Side(llama, "", tuple(sync_rules(root, llama)), sync_sources(root, llama)))
         return cls(root, tuple(sides))
 
     def side(self, path: str) -> tuple[Side, str]:
@@ -338,6 +358,10 @@ class Vendoring:
             for rel in files(source, side.rules, skip):
                 if rel != FILTER:
                     out[side.prefix + rel] = source / rel
+            for single in side.singles:  # sent by name from llama.cpp's root
+                name = PurePosixPath(single).name
+                if (tree.llama_root / single).is_file() and sent(side.rules, name):
+                    out[side.prefix + name] = tree.llama_root / single
         return out
 
 
