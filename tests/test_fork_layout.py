@@ -8,6 +8,7 @@ itself), refuse by name what they do not read, and treat a dropped patch as news
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,11 +23,14 @@ from portkit.errors import TreeError
 from portkit.series import read_series
 from portkit.tree import detect
 from tests.conftest import (
+    GGML_FILTER,
+    LLAMA_FILTER,
     REAL_LAYOUT_SERIES,
     RealFork,
     commit_all,
     git,
     rsync_vendor,
+    sync_makefile,
     tree_bytes,
 )
 
@@ -227,3 +231,74 @@ def test_the_series_is_cut_and_put_back_section_by_section(real_fork: RealFork):
     assert [f.path for f in mine.files] == ["ggml/src/ggml-cpu/ggml-cpu.cpp"]
     assert fk.put_back(mine.diff, first, scoped.left_out[first.name]) == first.diff
     assert len(REAL_LAYOUT_SERIES) == len(series.patches)
+
+
+# -- slow: a registry tree laid out as a real fork ------------------------------------------
+
+REGISTRY_SERIES = [  # (subject, file, a line that is once in it, the line(s) it becomes)
+    ("llama: name the fork in the system info", "src/llama.cpp",
+     "    s.clear(); // Clear the string", '    s = "FORK = fixture | "; // Clear the string'),
+    ("ggml: the commit string names the fork", "ggml/src/ggml.c",
+     "    return GGML_COMMIT;\n", '    return GGML_COMMIT "+fork";\n'),
+]
+NOT_VENDORED_BACKENDS = ("ggml/src/ggml-cann/ggml-cann.cpp", "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+                         "ggml/src/ggml-sycl/ggml-sycl.cpp")
+
+
+@pytest.mark.slow
+def test_a_registry_tree_laid_out_as_a_real_fork_drifts_and_moves_with_no_base(
+        registry_tree, tmp_path: Path, offline_cache: Path):
+    """0.3.17's llama.cpp as ollama vendors it: the series (two vendored changes, and one
+    patch touching three backends the fork does not vendor besides ggml.c) applied to the
+    full tree, then synced by rsync under the fixture's rules. drift onto 0.3.19 with no
+    --base gives the verdicts it gives against the bench's pristine base; rebase --dry-run
+    names every patch's status."""
+    llama = detect(registry_tree("0.3.17")).llama_root
+    upstream, root = tmp_path / "upstream", tmp_path / "fork"
+    upstream.mkdir()
+    for part in ("src", "include", "common", "tools", "vendor", "ggml", "LICENSE",
+                 "CMakeLists.txt"):
+        (shutil.copytree if (llama / part).is_dir() else shutil.copy2)(llama / part,
+                                                                       upstream / part)
+    base = commit_all(upstream, "llama-cpp-python 0.3.17's llama.cpp")
+    git(upstream, "checkout", "--quiet", "-b", "fork")
+    edits = [(s, [(f, old, new)]) for s, f, old, new in REGISTRY_SERIES]
+    first_lines = [(f, (upstream / f).read_text().splitlines(keepends=True)[0])
+                   for f in NOT_VENDORED_BACKENDS]
+    edits.insert(1, ("ggml: the backends say they are the fork's",
+                     [(f, line, line + "// built by the fork\n") for f, line in first_lines]
+                     + [("ggml/src/ggml.c", "#include", "// the fork's ggml\n#include")]))
+    for subject, changes in edits:
+        for rel, old, new in changes:
+            text = (upstream / rel).read_text()
+            (upstream / rel).write_text(text.replace(old, new, 1))
+        git(upstream, "commit", "--quiet", "--all", "--message", subject)
+    series = root / "llama" / "patches"
+    series.mkdir(parents=True)
+    git(upstream, "format-patch", "--quiet", "--no-signature", "--no-numbered", "--zero-commit",
+        "--output-directory", str(series), f"{base}..fork")
+    for folder, rules in zip(SIDES, (LLAMA_FILTER, GGML_FILTER), strict=True):
+        (root / folder).mkdir(parents=True)
+        (root / folder / fk.FILTER).write_text(rules)
+    rsync_vendor(upstream, root)
+    pin = detect(registry_tree("0.3.17")).pin
+    (root / "Makefile.sync").write_text(sync_makefile(pin or base))
+    commit_all(root, "vendored as ollama does")
+    target = "pypi:llama-cpp-python==0.3.19"
+    code, out, err = _run("drift", "--fork", str(root), "--tree", target, "--format", "json")
+    assert code in (0, 20), err
+    derived = json.loads(out)
+    assert [n["file"] for n in derived["not_vendored"]] == sorted(NOT_VENDORED_BACKENDS)
+    pristine = _pristine(root, series, tmp_path / "pristine")
+    code, out, err = _run("drift", "--fork", str(root), "--tree", target, "--base",
+                          str(pristine), "--format", "json")
+    assert code in (0, 20), err
+    assert json.loads(out)["targets"][0]["patches"] == derived["targets"][0]["patches"]
+    before = tree_bytes(root)
+    code, out, err = _run("rebase", "--fork", str(root), "--onto", target, "--dry-run")
+    assert code in (0, 20) and tree_bytes(root) == before, err
+    for patch in read_series(series).patches:
+        assert re.search(rf"{re.escape(patch.name)}\s+(unchanged|merged|relocated|dropped|"
+                         rf"needs-human|needs-review)\s", out), patch.name
+    assert out.count("3 sections touch files this fork does not vendor: not checked") == 1
+    assert f"move {root}" in err
