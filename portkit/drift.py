@@ -50,12 +50,14 @@ from portkit.drift_model import (
     HunkDrift,
     Moved,
     Nearest,
+    NotVendored,
     PatchDrift,
     SemanticChange,
     TargetDrift,
 )
 from portkit.errors import ApplyConflict, PortkitError, UsageError
 from portkit.features import Feature, templates_root
+from portkit.fork import fork_scope
 from portkit.hunks import (
     ALREADY,
     HunkResult,
@@ -1340,10 +1342,34 @@ def _patterns(series: Series) -> tuple[str, ...]:
 
 
 def drift(job: DriftInput, fork: Tree | None = None) -> DriftReport:
-    """Run drift for every target; the base is `job.base`, or `fork` with the series out."""
-    patterns = _patterns(job.series)
+    """Run drift for every target; the base is `job.base`, or `fork` with the series out.
+    With a fork, its series is checked as the fork vendors llama.cpp: the sections for
+    files it does not vendor are left out (and listed once in the report), and every tree
+    is seen as the fork would vendor it (portkit.fork)."""
     if job.base is None and fork is None:
         raise UsageError("drift needs the tree the series was written against (--base)")
+    if fork is None:
+        return _drift(job, None)
+    with fork_scope(fork, job.series, [t for _, t in job.targets], job.base) as seen:
+        scoped = seen.scoped
+        report = _drift(DriftInput(scoped.series, job.series_label, seen.base,
+                                   [(label, view) for (label, _), view
+                                    in zip(job.targets, seen.trees, strict=True)]), fork)
+    order = [p.name for p in job.series.patches]
+    untouched = {p.name: p for p in job.series.patches if p.name in scoped.untouched}
+    targets = []
+    mine = fork.root.resolve()
+    for t, (_, tree) in zip(report.targets, job.targets, strict=True):
+        rows = {p.file: p for p in t.patches}
+        rows.update({name: PatchDrift(name, p.subject, ()) for name, p in untouched.items()})
+        targets.append(replace(t, patches=tuple(rows[n] for n in order if n in rows),
+                               own=tree.root.resolve() == mine))
+    return replace(report, targets=tuple(targets), fork=True, not_vendored=tuple(
+        NotVendored(u.patch, u.path) for u in scoped.unvendored))
+
+
+def _drift(job: DriftInput, fork: Tree | None) -> DriftReport:
+    patterns = _patterns(job.series)
     feature = feature_of(job.series)
     with _base_root(job, fork) as (base_root, base_pin):
         base = Side("base", base_root, patterns, base_pin)

@@ -3,7 +3,9 @@
 table (the terminal), markdown (a CI job summary), junit (JUnit XML), sarif (SARIF 2.1.0 for
 code scanning), github (GitHub Actions annotations), matrix_markdown and matrix_html (patches
 by targets at a glance). JSON is DriftReport.to_json(). `fail_on` is what
-drift_model.parse_fail_on returns; it decides what "needs attention" means everywhere.
+drift_model.parse_fail_on returns; it decides what "needs attention" means everywhere (in a
+fork's report, with `dropped` added: drift_model.effective_fail_on). The sections a fork's
+report left out (files it does not vendor) are said once in every format.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from portkit.drift_model import (
     PatchDrift,
     SemanticChange,
     TargetDrift,
+    effective_fail_on,
     failing_statuses,
     needs_attention,
 )
@@ -205,7 +208,9 @@ def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
     width = width or shutil.get_terminal_size().columns
     colour = sys.stdout.isatty() if colour is None else colour
     blocks = []
+    chosen = fail_on
     for t in report.targets:
+        fail_on = effective_fail_on(report, t, chosen)
         rows = [[str(i), _one_line(p.subject), _status_label(p), _hunks_cell(p),
                  _first_reason(p)]
                 for i, p in _numbered(t)]
@@ -229,6 +234,8 @@ def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
             lines.append("  ".join(c + pad for c, pad in zip(cells, pads, strict=True)).rstrip())
         lines.append(textwrap.fill(_summary_line(t, fail_on), width, subsequent_indent="  "))
         blocks.append("\n".join(lines))
+    if report.not_vendored_line:
+        blocks.append(textwrap.fill(report.not_vendored_line, width, subsequent_indent="  "))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -265,14 +272,21 @@ def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
            "|---|---|---:|" + "---:|" * (len(STATUSES) + 2)]
     for t in report.targets:
         s = t.summary
-        attention = sum(1 for p in t.patches if needs_attention(p, fail_on))
+        attention = sum(1 for p in t.patches
+                        if needs_attention(p, effective_fail_on(report, t, fail_on)))
         out.append(f"| {_md_code(t.target)} | {_md_code(t.pin) if t.pin else '—'} | "
                    f"{len(t.patches)} | " + " | ".join(str(s[k]) for k in STATUSES) +
                    f" | {s[SEMANTIC]} | {attention} |")
     out += ["", f"A patch needs attention when `--fail-on` catches it (here: "
                 f"{_fail_on_label(fail_on)})."]
+    if report.fork:
+        out += ["", "In a fork, a patch whose change is there already needs attention on "
+                    "every target but the fork's own tree: it leaves the fork's series at "
+                    "the move."]
+    if report.not_vendored_line:
+        out += ["", _md(report.not_vendored_line) + "."]
     flagged = [(t, i, p) for t in report.targets for i, p in _numbered(t)
-               if needs_attention(p, fail_on)]
+               if needs_attention(p, effective_fail_on(report, t, fail_on))]
     if not flagged:
         out += ["", "No patch needs attention."]
     else:
@@ -320,7 +334,9 @@ def junit(report: DriftReport, *, fail_on: FailOn) -> str:
     when only its semantic drift fails); nothing is skipped."""
     root = ET.Element("testsuites", name="portkit drift")
     total = failed = 0
+    chosen = fail_on
     for t in report.targets:
+        fail_on = effective_fail_on(report, t, chosen)
         suite = ET.SubElement(root, "testsuite", name=_xml(t.target))
         _properties(suite, {"series": report.series, "target": t.target, "pin": t.pin or "",
                             "fail-on": _fail_on_label(fail_on)})
@@ -342,6 +358,12 @@ def junit(report: DriftReport, *, fail_on: FailOn) -> str:
                             skipped="0", time="0")
         total += len(t.patches)
         failed += suite_failed
+    if report.not_vendored_line:
+        for suite in root:
+            props = suite.find("properties")
+            if props is not None:
+                ET.SubElement(props, "property", name="not-vendored",
+                              value=_xml(report.not_vendored_line))
     root.attrib.update(tests=str(total), failures=str(failed), errors="0", skipped="0", time="0")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, "unicode") + "\n"
@@ -407,6 +429,11 @@ def sarif(report: DriftReport) -> str:
                      "results": results,
                      "properties": {"series": report.series,
                                     "targets": [t.target for t in report.targets]}}]}
+    if report.not_vendored_line:
+        log["runs"][0]["invocations"] = [{  # type: ignore[index]
+            "executionSuccessful": True,
+            "toolExecutionNotifications": [{"level": "note", "message": {
+                "text": report.not_vendored_line}}]}]
     return json.dumps(log, indent=2) + "\n"
 
 
@@ -440,11 +467,17 @@ def github(report: DriftReport, *, fail_on: FailOn) -> str:
     """Annotations on the patch files: `error` for what fails --fail-on, `warning` for any
     other conflict, relocation, fuzz or semantic drift; offsets and changes already in the
     tree are left out (GitHub shows only the first few annotations of a step)."""
-    failing = failing_statuses(fail_on)
     lines = []
+    chosen = fail_on
     for t in report.targets:
+        fail_on = effective_fail_on(report, t, chosen)
+        failing = failing_statuses(fail_on)
         for p in t.patches:
             file = str(_patch_path(report.series, p.file))
+            if p.status in (ALREADY_APPLIED, PRESENT_UPSTREAM) and p.status in failing:
+                lines.append(_annotation("error", file, 1, f"{p.file}: {p.status} on {t.target}",
+                                         f"{_first_reason(p)}; it leaves the fork's series "
+                                         "at the move"))
             for h in p.hunks:
                 if h.status not in (CONFLICT, RELOCATED, FUZZ):
                     continue
@@ -456,6 +489,8 @@ def github(report: DriftReport, *, fail_on: FailOn) -> str:
                 lines.append(_annotation("error" if SEMANTIC in fail_on else "warning", file, 1,
                                          f"{p.file}: semantic drift on {t.target}",
                                          _semantic(s)))
+    if report.not_vendored_line:
+        lines.append(f"::notice title=portkit drift::{_gh_data(report.not_vendored_line)}")
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -488,7 +523,7 @@ def first_broken(report: DriftReport, file: str, fail_on: FailOn) -> TargetDrift
     """The first target (in the order given, oldest first) where the patch needs attention."""
     for t in report.targets:
         cell = _cell(t, file)
-        if cell and needs_attention(cell[1], fail_on):
+        if cell and needs_attention(cell[1], effective_fail_on(report, t, fail_on)):
             return t
     return None
 
@@ -514,6 +549,8 @@ def matrix_markdown(report: DriftReport, *, fail_on: FailOn) -> str:
                    f" | {_md_code(broke.target) if broke else '—'} |")
     out += ["", f"First broke: the first target where `--fail-on` catches the patch (here: "
                 f"{_fail_on_label(fail_on)})."]
+    if report.not_vendored_line:
+        out += ["", _md(report.not_vendored_line) + "."]
     return "\n".join(out) + "\n"
 
 
@@ -599,7 +636,7 @@ def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
                 continue
             i, p = cell
             bg, fg = HEAT[p.status]
-            attn = " attn" if needs_attention(p, fail_on) else ""
+            attn = " attn" if needs_attention(p, effective_fail_on(report, t, fail_on)) else ""
             mark = f'<span class="mark">{SEMANTIC_MARK}</span>' if p.semantic else ""
             tip = e(f"{t.target}: {_status_label(p)}; {_counts(p.hunk_counts())}")
             tds.append(f'<td class="cell{attn}" style="background:{bg};color:{fg}">'
@@ -608,10 +645,14 @@ def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
         body.append(f'<tr><td class="num">{n}</td><th class="patch" scope="row">{e(subject)}'
                     f'<code>{e(file)}</code></th>{"".join(tds)}'
                     f'<td class="broke">{e(broke.target) if broke else "—"}</td></tr>')
-    foot = "".join(f"<td>{sum(1 for p in t.patches if needs_attention(p, fail_on))} of "
-                   f"{len(t.patches)} need attention</td>" for t in report.targets)
-    sections = [_html_details(ti, t, fail_on) for ti, t in enumerate(report.targets)]
+    foot = "".join(f"<td>{sum(1 for p in t.patches if needs_attention(p, fo))} of "
+                   f"{len(t.patches)} need attention</td>" for t in report.targets
+                   if (fo := effective_fail_on(report, t, fail_on)) is not None)
+    sections = [_html_details(ti, t, effective_fail_on(report, t, fail_on))
+                for ti, t in enumerate(report.targets)]
     n_targets = len(report.targets)
+    unvendored = (f'\n<p class="lead">{e(report.not_vendored_line)}.</p>'
+                  if report.not_vendored_line else "")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -624,7 +665,7 @@ def matrix_html(report: DriftReport, *, fail_on: FailOn) -> str:
 <h1 id="matrix">Drift of <code>{e(report.series)}</code></h1>
 <p class="lead">{len(rows)} patch{"es" if len(rows) != 1 else ""} on {n_targets} \
 target{"s" if n_targets != 1 else ""}, oldest first. Each cell links to its details.</p>
-<div class="legend">{legend}</div>
+<div class="legend">{legend}</div>{unvendored}
 <table class="matrix">
 <thead><tr><th></th><th>patch</th>{head}<th>first broke</th></tr></thead>
 <tbody>

@@ -1,7 +1,8 @@
 """The drift report: how each patch of a series fares on each target tree, hunk by hunk.
 
 The model is what `portkit drift` computes and what every output format renders. It
-serialises to the JSON schema `portkit-drift/1` and reads it back, checking shape and values.
+serialises to the JSON schema `portkit-drift/2` and reads it back (and `portkit-drift/1`, the
+same without `fork` and `not_vendored`), checking shape and values.
 
 Statuses of a hunk, best to worst: clean, offset, fuzz, relocated, conflict; and two that say
 the change is in the tree already: already-applied and present-upstream. A patch takes its
@@ -22,7 +23,8 @@ from typing import Any, TypeVar
 
 from portkit.errors import InputError, PortkitError, UsageError
 
-SCHEMA = "portkit-drift/1"
+SCHEMA = "portkit-drift/2"
+SCHEMAS = ("portkit-drift/1", SCHEMA)  # what the reader takes (1: no fork, nothing left out)
 
 CLEAN = "clean"
 OFFSET = "offset"
@@ -52,7 +54,10 @@ SEMANTIC_CHANGES = ("removed", "renamed", "signature", "type")
 # status and every worse one (fuzz: fuzz, relocated, conflict); semantic fails a patch with
 # semantic drift whatever its status; never fails nothing and stands alone. offset and the
 # "already there" statuses never fail.
-FAIL_ON_CHOICES = (CONFLICT, SEMANTIC, RELOCATED, FUZZ, "never")
+# dropped fails a patch whose change is there already (already-applied, present-upstream):
+# in a fork's report it always applies (unless never), since the patch would leave its series.
+DROPPED = "dropped"
+FAIL_ON_CHOICES = (CONFLICT, SEMANTIC, RELOCATED, FUZZ, DROPPED, "never")
 DEFAULT_FAIL_ON = frozenset({CONFLICT, SEMANTIC})
 # A result, not a failure: apart from every failure's code (docs/exit-codes.md), so that CI
 # tells "the series drifted" from "portkit could not run".
@@ -61,6 +66,7 @@ _FAILING_STATUSES = {
     CONFLICT: frozenset({CONFLICT}),
     RELOCATED: frozenset({RELOCATED, CONFLICT}),
     FUZZ: frozenset({FUZZ, RELOCATED, CONFLICT}),
+    DROPPED: frozenset({ALREADY_APPLIED, PRESENT_UPSTREAM}),
 }
 
 
@@ -172,6 +178,7 @@ class TargetDrift:
     target: str
     pin: str | None
     patches: tuple[PatchDrift, ...]
+    own: bool = False  # the fork's own vendored tree: its series is in it already
 
     @property
     def summary(self) -> dict[str, int]:
@@ -184,22 +191,45 @@ class TargetDrift:
 
 
 @dataclass(frozen=True)
+class NotVendored:
+    """A file section of a fork's patch for a file the fork does not vendor: not checked."""
+
+    patch: str
+    file: str
+
+
+@dataclass(frozen=True)
 class DriftReport:
-    """A series against one or more target trees (targets in the order given)."""
+    """A series against one or more target trees (targets in the order given). `fork`: the
+    series is an ollama-style fork's (a patch already there would leave it: news);
+    `not_vendored`: the sections left out, for files the fork does not vendor."""
 
     series: str
     targets: tuple[TargetDrift, ...]
+    fork: bool = False
+    not_vendored: tuple[NotVendored, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "series": self.series,
+        return {"schema": SCHEMA, "series": self.series, "fork": self.fork,
+                "not_vendored": [{"patch": n.patch, "file": n.file} for n in self.not_vendored],
                 "targets": [_target_dict(t) for t in self.targets]}
+
+    @property
+    def not_vendored_line(self) -> str | None:
+        """The one line every format says about the sections left out, if any."""
+        n = len(self.not_vendored)
+        if not n:
+            return None
+        files = sorted({x.file for x in self.not_vendored})
+        return (f"{n} section{'s' if n != 1 else ''} touch{'es' if n == 1 else ''} files "
+                f"this fork does not vendor: not checked ({', '.join(files)})")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any) -> DriftReport:
-        """Read a `portkit-drift/1` document; bad shape or values raise a one-line
+        """Read a `portkit-drift/2` (or /1) document; bad shape or values raise a one-line
         PortkitError naming the place (e.g. targets[0].patches[2].hunks[1].status)."""
         return _read_report(data)
 
@@ -228,6 +258,15 @@ def parse_fail_on(values: Iterable[str]) -> frozenset[str]:
     return chosen
 
 
+def effective_fail_on(report: DriftReport, target: TargetDrift,
+                      fail_on: Iterable[str]) -> frozenset[str]:
+    """--fail-on as it applies to `target` of `report`: in a fork's report, on a target other
+    than the fork's own tree, a patch that is there already (it would be dropped from the
+    fork's series at the move) needs attention too, unless never."""
+    chosen = frozenset(fail_on)
+    return chosen | {DROPPED} if report.fork and chosen and not target.own else chosen
+
+
 def failing_statuses(fail_on: Iterable[str]) -> frozenset[str]:
     """The patch (and hunk) statuses that --fail-on values fail."""
     return frozenset().union(*(_FAILING_STATUSES.get(v, ()) for v in fail_on))
@@ -242,13 +281,13 @@ def needs_attention(patch: PatchDrift, fail_on: Iterable[str] = DEFAULT_FAIL_ON)
 
 def exit_code(report: DriftReport, fail_on: Iterable[str] = DEFAULT_FAIL_ON) -> int:
     """ATTENTION_EXIT when any patch on any target needs attention, else 0."""
-    chosen = frozenset(fail_on)
-    attention = any(needs_attention(p, chosen) for t in report.targets for p in t.patches)
+    attention = any(needs_attention(p, effective_fail_on(report, t, fail_on))
+                    for t in report.targets for p in t.patches)
     return ATTENTION_EXIT if attention else 0
 
 
 def _target_dict(t: TargetDrift) -> dict[str, Any]:
-    return {"target": t.target, "pin": t.pin, "summary": t.summary,
+    return {"target": t.target, "pin": t.pin, "own": t.own, "summary": t.summary,
             "patches": [_patch_dict(p) for p in t.patches]}
 
 
@@ -339,16 +378,40 @@ def _kind(value: Any) -> str:
 
 
 def _read_report(data: Any) -> DriftReport:
-    obj = _Obj(data, "", ["schema", "series", "targets"])
-    if obj.data["schema"] != SCHEMA:
-        raise _bad("schema", f"{str(obj.data['schema'])[:40]!r} is not {SCHEMA}")
-    return DriftReport(series=obj.text("series"), targets=obj.items("targets", _read_target))
+    if not isinstance(data, dict):
+        raise _bad("", f"expected an object, got {_kind(data)}")
+    schema = data.get("schema")
+    if schema not in SCHEMAS:
+        raise _bad("schema", f"{str(schema)[:40]!r} is not {' or '.join(SCHEMAS)}")
+    old = schema == SCHEMAS[0]
+    obj = _Obj(data, "", ["schema", "series", "targets"] if old else
+               ["schema", "series", "fork", "not_vendored", "targets"])
+    fork = False if old else obj.data["fork"]
+    if not isinstance(fork, bool):
+        raise _bad(obj.at("fork"), f"expected a boolean, got {_kind(fork)}")
+    reader = _read_target_1 if old else _read_target
+    return DriftReport(series=obj.text("series"), targets=obj.items("targets", reader),
+                       fork=fork, not_vendored=() if old else obj.items("not_vendored",
+                                                                       _read_not_vendored))
 
 
-def _read_target(data: Any, where: str) -> TargetDrift:
-    obj = _Obj(data, where, ["target", "pin", "summary", "patches"])
+def _read_not_vendored(data: Any, where: str) -> NotVendored:
+    obj = _Obj(data, where, ["patch", "file"])
+    return NotVendored(patch=obj.text("patch"), file=obj.text("file"))
+
+
+def _read_target_1(data: Any, where: str) -> TargetDrift:
+    return _read_target(data, where, old=True)
+
+
+def _read_target(data: Any, where: str, *, old: bool = False) -> TargetDrift:
+    obj = _Obj(data, where, ["target", "pin", "summary", "patches"] if old else
+               ["target", "pin", "own", "summary", "patches"])
+    own = False if old else obj.data["own"]
+    if not isinstance(own, bool):
+        raise _bad(obj.at("own"), f"expected a boolean, got {_kind(own)}")
     target = TargetDrift(target=obj.text("target"), pin=obj.text("pin", optional=True),
-                         patches=obj.items("patches", _read_patch))
+                         patches=obj.items("patches", _read_patch), own=own)
     if obj.data["summary"] != target.summary:
         raise _bad(obj.at("summary"), "does not match the patches (expected "
                                       f"{json.dumps(target.summary, separators=(',', ':'))})")

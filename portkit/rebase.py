@@ -44,7 +44,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -55,6 +55,19 @@ from portkit.apply import refuse_uncommitted
 from portkit.cache import lay_down, read_entry
 from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
+from portkit.fork import (  # noqa: F401  (FILTER, Rule, read_filter, sent: re-exported)
+    FILTER,
+    Rule,
+    Scoped,
+    Vendoring,
+    deleted,
+    fork_scope,
+    not_vendored_line,
+    put_back,
+    read_filter,
+    sent,
+)
+from portkit.fork import files as _files
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
 from portkit.merge import ALREADY as THERE_ALREADY
@@ -75,7 +88,7 @@ from portkit.series import (
 from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
 from portkit.tree import OLLAMA, Tree, pin_matches
 
-SCHEMA = "portkit-rebase/1"
+SCHEMA = "portkit-rebase/2"
 
 UNCHANGED = "unchanged"
 MERGED = "merged"
@@ -122,20 +135,40 @@ class RebaseReport:
     target: str
     pin: str | None  # the target's pin
     patches: tuple[RebasedPatch, ...]
+    fork: bool = False  # a fork's series: a dropped patch leaves it, and needs attention
+    not_vendored: tuple[tuple[str, str], ...] = ()  # (patch, file): sections not checked
 
     @property
     def summary(self) -> dict[str, int]:
         counts = Counter(p.status for p in self.patches)
         return {s: counts[s] for s in STATUSES}
 
+    def needs_attention(self, p: RebasedPatch) -> bool:
+        """A patch needs a human or a review; in a fork, also a patch it drops."""
+        return p.status in ATTENTION or (self.fork and p.status == DROPPED)
+
+    @property
+    def attention(self) -> list[RebasedPatch]:
+        return [p for p in self.patches if self.needs_attention(p)]
+
     @property
     def exit_code(self) -> int:
-        """ATTENTION_EXIT when a patch needs a human or a review, else 0."""
-        return ATTENTION_EXIT if any(p.status in ATTENTION for p in self.patches) else 0
+        """ATTENTION_EXIT when a patch needs attention, else 0."""
+        return ATTENTION_EXIT if self.attention else 0
+
+    @property
+    def not_vendored_line(self) -> str | None:
+        if not self.not_vendored:
+            return None
+        files = sorted({f for _, f in self.not_vendored})
+        return f"{not_vendored_line(len(self.not_vendored))} ({', '.join(files)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "series": self.series, "base": self.base,
-                "target": self.target, "pin": self.pin, "summary": self.summary,
+                "target": self.target, "pin": self.pin, "fork": self.fork,
+                "summary": self.summary,
+                "attention": [p.file for p in self.attention],
+                "not_vendored": [{"patch": p, "file": f} for p, f in self.not_vendored],
                 "patches": [{"file": p.file, "subject": p.subject, "status": p.status,
                              "reason": p.reason, "output": p.output, "conflict": p.conflict}
                             for p in self.patches]}
@@ -174,18 +207,32 @@ def render(report: RebaseReport, fmt: str) -> str:
     counts = ", ".join(f"{n} {s}" for s, n in report.summary.items() if n)
     title = (f"{report.series} onto {report.target}"
              + (f" ({report.pin[:12]})" if report.pin else "") + f": {counts}")
+    attention = report.attention
+    notes = [f"{len(attention)} patch{'es' if len(attention) != 1 else ''} need"
+             f"{'s' if len(attention) == 1 else ''} attention"
+             + (f": {', '.join(p.file for p in attention)}" if attention else "")]
+    if report.fork and any(p.status == DROPPED for p in report.patches):
+        notes.append("in a fork a dropped patch needs attention: its file leaves "
+                     "llama/patches with the move")
+    if report.not_vendored_line:
+        notes.append(report.not_vendored_line)
+    mark = {True: "!", False: " "}
     if fmt == "markdown":
         lines = [f"### portkit rebase: {_md(title)}", "",
-                 "| # | patch | status | output | reason |", "|---|---|---|---|---|"]
+                 "| # | patch | status | attention | output | reason |",
+                 "|---|---|---|---|---|---|"]
         lines += [f"| {i} | `{_md(p.file)}` | {p.status} | "
+                  f"{'yes' if report.needs_attention(p) else '-'} | "
                   f"{'`' + _md(p.output) + '`' if p.output else '-'} | "
                   f"{_md(p.reason)}{' (`' + _md(p.conflict) + '`)' if p.conflict else ''} |"
                   for i, p in enumerate(report.patches, 1)]
+        lines += [""] + [f"{_md(n)}." for n in notes]
         return "\n".join(lines) + "\n"
     width = max((len(p.file) for p in report.patches), default=5)
     lines = [title, ""]
-    lines += [f"{i:>3}  {p.file:<{width}}  {p.status:<12}  {p.reason}"
-              for i, p in enumerate(report.patches, 1)]
+    lines += [f"{i:>3} {mark[report.needs_attention(p)]}{p.file:<{width}}  {p.status:<12}  "
+              f"{p.reason}" for i, p in enumerate(report.patches, 1)]
+    lines += [""] + notes
     return "\n".join(lines) + "\n"
 
 
@@ -1005,21 +1052,40 @@ def base_spec(spec: str, target: Path | None = None) -> str:
 def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
            series_label: str = "series", target_label: str = "target") -> Rebased:
     """Carry `series` (written against `base`, or against `fork` with the series taken out)
-    onto `target`. Nothing is written: see write_rebased."""
+    onto `target`. Nothing is written: see write_rebased. With `fork`, the series is
+    carried as the fork vendors llama.cpp (portkit.fork): the sections for files it does not
+    vendor are not checked and go back into each carried patch unchanged, every tree is seen
+    as the fork would vendor it, and a dropped patch needs attention."""
     abbrev, headings = _style(series)
-    with follow(series, base, target, target_label, fork) as lead, \
-            _scratch("portkit-rebase-") as tmp:
+    with ExitStack() as stack:
+        scoped: Scoped | None = None
+        if fork is not None:
+            seen = stack.enter_context(fork_scope(fork, series, [target], base))
+            scoped, (view,), base_view = seen.scoped, seen.trees, seen.base
+        lead = stack.enter_context(follow(
+            scoped.series if scoped else series, base_view if scoped else base,
+            view if scoped else target, target_label, fork))
+        tmp = stack.enter_context(_scratch("portkit-rebase-"))
         carrier = _Carrier(lead, tmp)
         rows: list[RebasedPatch] = []
         carried: list[Patch] = []
         side: dict[str, bytes] = {}
         kept: dict[str, bytes] = {}
+        mine = {p.name: p for p in scoped.series.patches} if scoped else {}
         for patch in series.in_order():
             if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
                 kept[patch.name] = patch.data
                 rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
                                          f"it cannot be read: {patch.reason}", patch.name))
                 continue
+            original, away = patch, scoped.left_out.get(patch.name, []) if scoped else []
+            if scoped is not None and patch.name in scoped.untouched:
+                carried.append(patch)  # nothing of it is vendored: kept as it is
+                rows.append(RebasedPatch(patch.name, patch.subject, UNCHANGED,
+                                         "it touches only files this fork does not vendor: "
+                                         "not checked, kept as it is", patch.name))
+                continue
+            patch = mine.get(patch.name, patch)
             had = dict(carrier.work.files)
             had_modes = dict(carrier.work.modes)
             outcome = carrier.carry(patch)
@@ -1048,7 +1114,9 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                                          f"it changes nothing on the target ({outcome.reason})",
                                          None))
                 continue
-            carried.append(_written(patch, diff))
+            if away:  # the sections for files the fork does not vendor, as they were
+                diff = put_back(diff, original, away)
+            carried.append(_written(original, diff))
             name = None
             if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
@@ -1058,7 +1126,9 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         changed = {rel: data for rel, data in carrier.work.files.items()
                    if data != carrier.work.original(rel)}
     report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
-                          target_label, target.pin, tuple(rows))
+                          target_label, target.pin, tuple(rows), fork=fork is not None,
+                          not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
+                          if scoped else ())
     out = Series(series.folder, series.kind, tuple(carried), series.conventions)
     return Rebased(report, out, {**kept, **side}, changed)
 
@@ -1098,123 +1168,8 @@ def write_rebased(rebased: Rebased, out: Path) -> None:
 # each refreshed from upstream by rsync with the fork's own rules (.rsync-filter in each
 # folder), pins upstream in Makefile.sync (FETCH_HEAD) and keeps its series in llama/patches.
 
-FILTER = ".rsync-filter"
-_RULE_WORDS = {"include": "include", "+": "include", "exclude": "exclude", "-": "exclude",
-               "protect": "protect", "P": "protect", "risk": "risk", "R": "risk",
-               "show": "include", "S": "include", "hide": "exclude", "H": "exclude"}
-_SENDER = frozenset({"include", "exclude"})  # show and hide are read as these
-_RECEIVER = frozenset({"include", "exclude", "protect", "risk"})
 _FETCH_HEAD = re.compile(r"^(\s*FETCH_HEAD\s*[:?]?=\s*)([0-9a-fA-F]{7,40})(\s*)$", re.M)
 _LLAMA_COMMIT = re.compile(r'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One rule of an rsync filter file: what it does and the pattern it matches, as rsync
-    matches it (a pattern with a slash against the path, else against the name; a leading
-    slash anchors it at the synced folder, a trailing one matches folders only; `*` stays
-    within a name, `**` does not, `dir/***` is the folder and all it holds)."""
-
-    action: str
-    pattern: str
-
-    def matches(self, rel: str, is_dir: bool) -> bool:
-        pattern = self.pattern
-        if pattern.endswith("/***"):
-            stem = pattern[:-4]
-            return Rule(self.action, stem + "/").matches(rel, is_dir) or \
-                Rule(self.action, stem + "/**").matches(rel, is_dir)
-        if pattern.endswith("/"):
-            if not is_dir:
-                return False
-            pattern = pattern[:-1]
-        anchored = pattern.startswith("/")
-        pattern = pattern.lstrip("/")
-        rx = _wildmatch(pattern)
-        parts = rel.split("/")
-        if anchored:
-            return bool(rx.fullmatch(rel))
-        if "/" in pattern:
-            return any(rx.fullmatch("/".join(parts[k:])) for k in range(len(parts)))
-        return bool(rx.fullmatch(parts[-1]))
-
-
-def _wildmatch(pattern: str) -> re.Pattern[str]:
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        c = pattern[i]
-        end = pattern.find("]", i + 2) if c == "[" else -1
-        if c == "[" and end != -1:
-            body = pattern[i + 1:end]
-            out.append("[" + ("^" + body[1:] if body[:1] in "!^" else body) + "]")
-            i = end + 1
-            continue
-        out.append("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c))
-        i += 1
-    return re.compile("".join(out))
-
-
-def read_filter(path: Path) -> list[Rule]:
-    """The rules of an rsync filter file; none when there is no file. `clear` (or `!`)
-    forgets the rules before it; merge rules and modifiers are refused."""
-    if not path.is_file():
-        return []
-    rules: list[Rule] = []
-    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line in ("!", "clear"):
-            rules.clear()
-            continue
-        word, _, pattern = line.partition(" ")
-        word = word.rstrip(",")
-        if word not in _RULE_WORDS or not pattern.strip():
-            raise TreeError(f"{path}:{number}: portkit does not read the rsync rule "
-                               f"{line!r} (only include, exclude, protect, risk, show, hide)")
-        rules.append(Rule(_RULE_WORDS[word], pattern.strip()))
-    return rules
-
-
-def _first(rules: Sequence[Rule], rel: str, is_dir: bool, actions: frozenset[str]) -> str:
-    return next((r.action for r in rules if r.action in actions and r.matches(rel, is_dir)),
-                "include")
-
-
-def _folders_pass(rules: Sequence[Rule], rel: str) -> bool:
-    parts = rel.split("/")
-    return all(_first(rules, "/".join(parts[:i]), True, _SENDER) == "include"
-               for i in range(1, len(parts)))
-
-
-def sent(rules: Sequence[Rule], rel: str) -> bool:
-    """Whether rsync sends the file `rel` (relative to the synced folder) under `rules`:
-    neither it nor a folder above it is excluded, the first matching rule deciding."""
-    return _folders_pass(rules, rel) and _first(rules, rel, False, _SENDER) == "include"
-
-
-def deleted(rules: Sequence[Rule], rel: str) -> bool:
-    """Whether rsync --delete removes `rel` from the receiving side when the sender does not
-    have it: it is neither excluded (nor a folder above it) nor protected."""
-    return _folders_pass(rules, rel) and _first(rules, rel, False, _RECEIVER) in (
-        "include", "risk")
-
-
-def _files(root: Path, rules: Sequence[Rule], skip: frozenset[str] = frozenset()) -> list[str]:
-    """The files under `root` that the rules let through, relative to it (`.git` and the
-    top-level names in `skip` left out; excluded folders not entered)."""
-    out: list[str] = []
-    for folder, dirs, names in os.walk(root):
-        here = Path(folder).relative_to(root).as_posix()
-        prefix = "" if here == "." else here + "/"
-        dirs[:] = sorted(d for d in dirs if d != ".git" and not (not prefix and d in skip)
-                         and _first(rules, prefix + d, True, _SENDER) == "include")
-        out += [prefix + n for n in sorted(names) if not (not prefix and n in skip)]
-    return out
 
 
 # (Imports of this part are made where they are used: the top of the module belongs to the
@@ -1294,11 +1249,22 @@ class ForkMove:
         return [p for p in self.rebased.report.patches if p.status == NEEDS_HUMAN]
 
     def describe(self) -> str:
-        """The plan, one line per change (for --dry-run)."""
+        """The plan, one line per change (for --dry-run), then the patches the move drops
+        from the series and what holds it back."""
         old = self.fork.pin or "?"
         lines = [f"move {self.fork.root} from {old[:12]} to {self.pin[:12]}:"]
         lines += [f"  {'write' if isinstance(c, Write) else 'delete'} {c.rel}"
                   for c in self.changes]
+        dropped = [p for p in self.rebased.report.patches if p.status == DROPPED]
+        folder = (self.fork.series_dir.relative_to(self.fork.root).as_posix()
+                  if self.fork.series_dir else "llama/patches")
+        if dropped:
+            lines.append(f"dropped from {folder} with the move ({len(dropped)}):")
+            lines += [f"  {folder}/{p.file}: {p.reason}" for p in dropped]
+        review = [p for p in self.rebased.report.patches if p.status == NEEDS_REVIEW]
+        if review:
+            lines.append(f"carried for review ({len(review)}): "
+                         + ", ".join(p.file for p in review))
         if self.blocked:
             lines.append(f"blocked: {len(self.blocked)} patch(es) need a human: "
                          + ", ".join(p.file for p in self.blocked))
@@ -1346,7 +1312,7 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
 def _plan(fork: Tree, target: Tree, base: Tree | None, target_label: str) -> ForkMove:
     assert fork.series_dir is not None
     series = read_series(fork.series_dir)
-    rebased = rebase(series, target, base=base, fork=None if base else fork,
+    rebased = rebase(series, target, base=base, fork=fork,
                      series_label=fork.series_dir.relative_to(fork.root).as_posix(),
                      target_label=target_label)
     move = ForkMove(fork, rebased, target.pin or "")
@@ -1364,33 +1330,32 @@ def _plan(fork: Tree, target: Tree, base: Tree | None, target_label: str) -> For
 
 def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> list[Write | Delete]:
     """The vendored files refreshed: each side (llama.cpp, ggml) sent from the target with
-    the carried series applied, under the fork's rules for that side."""
-    apart = not fork.ggml_root.is_relative_to(fork.llama_root)
-    sides = [(fork.llama_root, target.llama_root, "", frozenset({"ggml"}) if apart
-              else frozenset())]
-    if apart:
-        sides.append((fork.ggml_root, target.ggml_root, "ggml/", frozenset()))
+    the carried series applied, under the rules rsync syncs that side with (portkit.fork:
+    the side's .rsync-filter and what Makefile.sync's rsync line adds); a file the target
+    does not send is deleted where rsync --delete would delete it."""
+    vendoring = Vendoring.of(fork)
+    new: dict[str, bytes | None] = {path: source.read_bytes() if not source.is_symlink()
+                                    else os.fsencode(os.readlink(source))
+                                    for path, source in vendoring.layout_files(target).items()}
+    for path, data in carried.items():
+        if vendoring.sends(path):
+            new[path] = data
     changes: list[Write | Delete] = []
-    for mine, theirs, prefix, skip in sides:
-        rules = read_filter(mine / FILTER)
-        new: dict[str, bytes | None] = {rel: (theirs / rel).read_bytes()
-                                        for rel in _files(theirs, rules, skip)
-                                        if sent(rules, rel)}
-        for path, data in carried.items():
-            rel = path.removeprefix(prefix)
-            if path.startswith(prefix) and (prefix or not (apart and path.startswith("ggml/"))) \
-                    and sent(rules, rel):
-                new[rel] = data
-        here = mine.relative_to(fork.root).as_posix()
+    apart = len(vendoring.sides) > 1
+    for side in vendoring.sides:
+        mine = fork.root / side.folder
+        skip = frozenset({"ggml"}) if apart and not side.prefix else frozenset()
         current = set(_files(mine, [], skip))
-        for rel, data in sorted(new.items()):
+        ours = {path.removeprefix(side.prefix): data for path, data in new.items()
+                if vendoring.side(path)[0] == side}
+        for rel, data in sorted(ours.items()):
             if data is None:
                 if rel in current:
-                    changes.append(Delete(f"{here}/{rel}"))
+                    changes.append(Delete(f"{side.folder}/{rel}"))
             elif rel not in current or (mine / rel).read_bytes() != data:
-                changes.append(Write(f"{here}/{rel}", data))
-        changes += [Delete(f"{here}/{rel}") for rel in sorted(current - set(new))
-                    if rel != FILTER and deleted(rules, rel)]
+                changes.append(Write(f"{side.folder}/{rel}", data))
+        changes += [Delete(f"{side.folder}/{rel}") for rel in sorted(current - set(ours))
+                    if rel != FILTER and deleted(side.rules, rel)]
     return changes
 
 

@@ -256,3 +256,154 @@ def fixture_fork(tmp_path: Path, offline_cache: Path) -> Callable[[str], Fork]:
                             _fresh(tmp_path, f"upstream-{name}"))
 
     return make
+
+
+# -- a fork laid out as ollama lays out its own: series applied upstream, then rsync ---------
+#
+# Its series touches files the fork does not vendor (other backends, CMake files), its
+# vendored folders come from real rsync under .rsync-filter rules like a real fork's (merged by
+# a Makefile.sync rsync line, with LICENSE sent by name), and it keeps files of its own there
+# (protected Go files).
+
+LLAMA_FILTER = """\
+protect .rsync-filter
+protect *.go
+include /include/
+include /include/llama.*
+include /src/
+include /src/llama.*
+include /src/llama-*.*
+hide *
+"""
+GGML_FILTER = """\
+protect .rsync-filter
+protect *.go
+protect ollama-*
+hide /CMakeLists.txt
+include /include/
+include /src/
+include /src/ggml-cpu/
+include CMakeLists.txt
+include *.[ch]
+include *.cpp
+hide *
+"""
+
+
+def sync_makefile(pin: str) -> str:
+    """A Makefile.sync of the fork (its pin and its two rsync lines, as ollama writes them)."""
+    return (f"UPSTREAM=https://github.com/ggml-org/llama.cpp.git\nWORKDIR=llama/vendor\n"
+            f"FETCH_HEAD={pin}\n\n"
+            ".PHONY: llama/llama.cpp\nllama/llama.cpp: llama/vendor\n"
+            '\trsync -arvzc --delete -f "include LICENSE" -f "merge $@/.rsync-filter" '
+            "$(addprefix $<,/LICENSE /) $@\n\n"
+            ".PHONY: ml/backend/ggml/ggml\nml/backend/ggml/ggml: llama/vendor\n"
+            '\trsync -arvzc --delete -f "include LICENSE" -f "merge $@/.rsync-filter" '
+            "$(addprefix $<,/LICENSE /ggml/) $@\n")
+
+
+def rsync_vendor(checkout: Path, fork: Path) -> None:
+    """Vendor a full llama.cpp `checkout` into `fork` with real rsync, as Makefile.sync does."""
+    for folder, source in (("llama/llama.cpp", "/"), ("ml/backend/ggml/ggml", "/ggml/")):
+        dest = fork / folder
+        subprocess.run(["rsync", "-rlc", "--delete", "-f", "include LICENSE", "-f",
+                        f"merge {dest / '.rsync-filter'}", f"{checkout}/LICENSE",
+                        f"{checkout}{source}", f"{dest}/"], check=True, capture_output=True)
+
+
+# Files of the upstream tree beside the fixture's: vendored (ggml-cpu, ggml's src CMake file)
+# and not (other backends, the top CMake files, docs).
+REAL_LAYOUT_FILES = {
+    "LICENSE": "MIT License (fixture)\n",
+    "CMakeLists.txt": "project(llama)\nadd_subdirectory(ggml)\nadd_subdirectory(src)\n",
+    "src/CMakeLists.txt": "add_library(llama\n    llama.cpp\n    llama-graph.cpp\n)\n",
+    "docs/build.md": "# Build\n",
+    "ggml/CMakeLists.txt": "project(ggml)\noption(GGML_CPU \"cpu\" ON)\nadd_subdirectory(src)\n",
+    "ggml/src/CMakeLists.txt": "add_library(ggml\n    ggml-cpu/ggml-cpu.cpp\n)\n",
+    "ggml/src/ggml-cpu/ggml-cpu.cpp": (
+        "#include <cstdlib>\n\nvoid * ggml_cpu_alloc(size_t n) {\n    return malloc(n);\n}\n\n"
+        "int ggml_cpu_threads(void) {\n    return 1;\n}\n"),
+    "ggml/src/ggml-cann/ggml-cann.cpp": (
+        "#include <cstdlib>\n\nvoid ggml_cann_release(void * p) {\n    free(p);\n}\n"),
+    "ggml/src/ggml-sycl/ggml-sycl.cpp": (
+        "#include <cstdlib>\n\nvoid ggml_sycl_release(void * p) {\n    free(p);\n}\n"),
+}
+HELPER = "\nint ggml_cpu_helper(void) {\n    return 4;\n}\n"
+# The fork's series: (subject, {file: (text, replacement)}), each a commit on upstream.
+REAL_LAYOUT_SERIES = [
+    ("ggml: free memory with the compiler that allocated it", {
+        "ggml/src/ggml-cpu/ggml-cpu.cpp": ("int ggml_cpu_threads",
+                                           "void ggml_cpu_free(void * p) {\n    free(p);\n}\n\n"
+                                           "int ggml_cpu_threads"),
+        "ggml/src/ggml-cann/ggml-cann.cpp": ("    free(p);\n", "    ggml_cpu_free(p);\n"),
+        "ggml/src/ggml-sycl/ggml-sycl.cpp": ("    free(p);\n", "    ggml_cpu_free(p);\n"),
+    }),
+    ("llama: name the fork in the system info", {
+        "src/llama.cpp": ('    s += " | ";\n', '    s += " | ";\n    s += "FORK = fixture | ";\n'),
+        "src/CMakeLists.txt": ("    llama-graph.cpp\n", "    llama-graph.cpp\n    fork.cpp\n"),
+    }),
+    ("cann: say when memory is released", {
+        "ggml/src/ggml-cann/ggml-cann.cpp": ("void ggml_cann_release(void * p) {\n",
+                                             "void ggml_cann_release(void * p) {\n"
+                                             "    // released by the fork\n"),
+    }),
+    ("ggml: a helper upstream adds later", {
+        "ggml/src/ggml-cpu/ggml-cpu.cpp": ("int ggml_cpu_threads(void) {\n    return 1;\n}\n",
+                                           "int ggml_cpu_threads(void) {\n    return 1;\n}\n"
+                                           + HELPER),
+    }),
+]
+
+
+@dataclass(frozen=True)
+class RealFork:
+    root: Path  # the fork, laid out as ollama's
+    upstream: Path  # the upstream repository: main at `base`, branch fork with the series
+    base: str
+    target: Path  # a newer upstream (the renamed fixture), a git repository with the helper
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def lay_out_real_fork(dest: Path, upstream: Path, target: Path) -> RealFork:
+    """The fixture fork in ollama's real layout (see REAL_LAYOUT_SERIES), and its target."""
+    copy_fixture("old", upstream)
+    _write(upstream, REAL_LAYOUT_FILES)
+    base = commit_all(upstream, "llama.cpp fixture tree, full layout")
+    git(upstream, "checkout", "--quiet", "-b", "fork")
+    for subject, edits in REAL_LAYOUT_SERIES:
+        for rel, (old, new) in edits.items():
+            text = (upstream / rel).read_text()
+            assert text.count(old) == 1, (rel, old)
+            (upstream / rel).write_text(text.replace(old, new))
+        git(upstream, "commit", "--quiet", "--all", "--message", subject)
+    series = dest / "llama" / "patches"
+    series.mkdir(parents=True)
+    git(upstream, "format-patch", "--quiet", "--no-signature", "--no-numbered", "--zero-commit",
+        "--output-directory", str(series), f"{base}..fork")
+    for folder, rules in (("llama/llama.cpp", LLAMA_FILTER), ("ml/backend/ggml/ggml", GGML_FILTER)):
+        (dest / folder).mkdir(parents=True)
+        (dest / folder / ".rsync-filter").write_text(rules)
+    (dest / "llama" / "llama.cpp" / "llama.go").write_text("package llama\n")
+    (dest / "ml" / "backend" / "ggml" / "ggml" / "ggml.go").write_text("package ggml\n")
+    rsync_vendor(upstream, dest)
+    (dest / "Makefile.sync").write_text(sync_makefile(base))
+    (dest / "llama" / "build-info.cpp").write_text(
+        f'int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "{base}";\n')
+    commit_all(dest, f"vendor llama.cpp {base[:12]} with the fork's patches")
+    git(upstream, "checkout", "--quiet", "main")
+    copy_fixture("renamed", target)
+    files = dict(REAL_LAYOUT_FILES)
+    files["ggml/src/ggml-cpu/ggml-cpu.cpp"] += HELPER
+    _write(target, files)
+    commit_all(target, "a newer llama.cpp fixture tree, full layout")
+    return RealFork(dest, upstream, base, target)
+
+
+@pytest.fixture
+def real_fork(tmp_path: Path, offline_cache: Path) -> RealFork:
+    return lay_out_real_fork(tmp_path / "fork", tmp_path / "upstream", tmp_path / "target")

@@ -157,10 +157,10 @@ def test_json_round_trip_keeps_everything(report: DriftReport) -> None:
     text = report.to_json()
     assert DriftReport.from_json(text) == report
     data = json.loads(text)
-    assert list(data) == ["schema", "series", "targets"]
-    assert data["schema"] == "portkit-drift/1"
+    assert list(data) == ["schema", "series", "fork", "not_vendored", "targets"]
+    assert data["schema"] == "portkit-drift/2"
     target = data["targets"][2]
-    assert list(target) == ["target", "pin", "summary", "patches"]
+    assert list(target) == ["target", "pin", "own", "summary", "patches"]
     assert target["pin"] is None
     patch = target["patches"][2]
     assert list(patch) == ["file", "subject", "status", "hunks", "semantic"]
@@ -191,8 +191,8 @@ def _hunk0(d: dict[str, Any]) -> dict[str, Any]:
 BAD_INPUTS: list[tuple[str, Any, str]] = [
     ("not json", "{", "drift report: not JSON (Expecting property name"),
     ("a list", "[]", "drift report: expected an object, got a list"),
-    ("other schema", lambda d: d.update(schema="portkit-drift/2"),
-     "drift report: schema: 'portkit-drift/2' is not portkit-drift/1"),
+    ("other schema", lambda d: d.update(schema="portkit-drift/3"),
+     "drift report: schema: 'portkit-drift/3' is not portkit-drift/1 or portkit-drift/2"),
     ("missing key", lambda d: d["targets"][0]["patches"][1].pop("subject"),
      "drift report: targets[0].patches[1]: missing key 'subject'"),
     ("unknown key", lambda d: _hunk0(d).update(ofset=3),

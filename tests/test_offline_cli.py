@@ -103,7 +103,7 @@ def test_rebase_writes_the_carried_series_and_reports_every_patch(fixture_tree, 
                     str(fixture_tree("renamed")), "--out", str(out), "--format", "json")
     assert result.exit_code in (0, 20), result.output
     report = json.loads(result.stdout)
-    assert report["schema"] == "portkit-rebase/1"
+    assert report["schema"] == "portkit-rebase/2"
     assert [p["file"] for p in report["patches"]] == sorted(source)
     written = {p["output"] for p in report["patches"] if p["output"]}
     assert written == {p.name for p in out.glob("*.patch")}

@@ -359,7 +359,10 @@ def test_report_formats(small):
     report = rb.rebase(read_series(folder), detect(target), base=detect(base),
                        series_label="series", target_label="newer").report
     data = json.loads(rb.render(report, "json"))
-    assert data["schema"] == "portkit-rebase/1" and data["target"] == "newer"
+    assert data["schema"] == "portkit-rebase/2" and data["target"] == "newer"
+    assert data["fork"] is False and data["not_vendored"] == []
+    assert data["attention"] == [p.file for p in report.patches
+                                 if p.status in (rb.NEEDS_HUMAN, rb.NEEDS_REVIEW)]
     assert data["summary"] == {rb.UNCHANGED: 1, rb.MERGED: 2, rb.RELOCATED: 0, rb.DROPPED: 1,
                                rb.NEEDS_HUMAN: 1, rb.NEEDS_REVIEW: 2}
     assert [set(p) for p in data["patches"]] == [
@@ -712,7 +715,7 @@ def test_rsync_rules_as_rsync_reads_them(tmp_path):
     assert not rb.deleted(rules, "x.go") and not rb.deleted(rules, "README.md")
     assert rb.deleted(rules, "src/llama-old.cpp")
     rules_file.write_text("merge other\n")
-    with pytest.raises(PortkitError, match="does not read the rsync rule"):
+    with pytest.raises(PortkitError, match="does not follow rsync's merge rule 'merge other'"):
         rb.read_filter(rules_file)
 
 
