@@ -2,8 +2,12 @@
 
 For every target the series is applied in order by the per-hunk engine (portkit.hunks, GNU
 patch underneath), each patch on top of the earlier ones that applied. A hunk that lands is
-clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. A hunk
-that fails is followed into the target:
+clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. Only
+where the whole patch is there already does a hunk that lands become present-upstream: each
+such hunk only adds lines the target's file has as one block, new since the base (landing it
+would write upstream's lines twice), and every other hunk of the patch is there by the rules
+below; elsewhere such a block is a note to review. A hunk that fails is followed into the
+target:
 
   relocated         its enclosing symbol in the base (function, method, class, file-scope
                     declaration) was found in the target by the anchor engine's Locator
@@ -437,6 +441,31 @@ def _fast_tmp() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
+def _has_run(hay: list[str], run: list[str]) -> bool:
+    """Whether `run` occurs in `hay` as consecutive items."""
+    n = len(run)
+    return any(hay[i:i + n] == run for i, line in enumerate(hay) if line == run[0])
+
+
+def _wholly_there(hunks: list[HunkDrift], blocks: dict[int, str]) -> list[HunkDrift]:
+    """A patch the target has all of: the hunks that do not land (or land only with fuzz)
+    found there by the presence rules, the ones that land found there as one block each
+    (`there_as_block`: landing them would duplicate upstream's lines) is present upstream,
+    every hunk of it. Where the rest of the patch is not there, such a block is a note to
+    review on a hunk that keeps what text says."""
+    if not blocks:
+        return hunks
+    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
+    if all(h.status in there or i in blocks for i, h in enumerate(hunks)):
+        return [replace(h, status=PRESENT_UPSTREAM,
+                        reason=f"it {h.reason}, but the target has it already: {blocks[i]} "
+                               "(landing it would write them twice), as it has the rest of "
+                               "the patch")
+                if i in blocks else h for i, h in enumerate(hunks)]
+    return [replace(h, reason=f"{h.reason}; to review: {blocks[i]}") if i in blocks else h
+            for i, h in enumerate(hunks)]
+
+
 def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
     """A patch part of which the target has while the rest still applies is a patch to
     refresh (without the part that is there), not one that fits: each hunk that is there
@@ -572,7 +601,8 @@ class _Target:
         """One patch as the engine fared with it on `self.current`, hunk by hunk."""
         patch = presult.patch
         at = _patch_lines(patch)
-        hunks = []
+        hunks: list[HunkDrift] = []
+        blocks: dict[int, str] = {}  # landed hunks whose added block the target has already
         for hr in presult.hunks:
             assert hr.hunk is not None
             line = at.get(hr.hunk.patch_index, 1)
@@ -583,10 +613,15 @@ class _Target:
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
                                     hr.reason, line, hr.line))
+            if hunks[-1].status in (CLEAN, OFFSET):
+                block = self.there_as_block(hr.hunk)
+                if block:
+                    blocks[len(hunks) - 1] = block
         if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
             where = patch.paths[0] if patch.paths else patch.name
             hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                      for problem in presult.problems or ["the patch changes no text"]]
+        hunks = _wholly_there(hunks, blocks)
         hunks = _partly_there(hunks)
         there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
         return PatchDrift(patch.name, patch.subject, tuple(hunks),
@@ -639,6 +674,21 @@ class _Target:
                 if why:
                     return why
         return ""
+
+    def there_as_block(self, hunk: Hunk) -> str:
+        """For a hunk that lands and only adds lines: why landing it would write upstream's
+        lines a second time, or "": the target's file (as upstream has it) has every
+        meaningful line it adds (two at least), in order and next to each other, and the
+        base's file did not have them so. Evidence only: the hunk keeps what text says
+        unless the rest of its patch is there too (`_wholly_there`)."""
+        added = _meaningful(hunk.added)
+        if len(added) < 2 or _meaningful(hunk.removed):
+            return ""
+        text = self.target.text(hunk.path)
+        if text is None or not _has_run(_meaningful(text.splitlines()), added) or \
+                _has_run(_meaningful(self.base.flat_lines(hunk.path)), added):
+            return ""
+        return f"its {len(added)} added lines are there as one block, new since the base"
 
     def review_note(self, hunk: Hunk) -> str:
         """For a hunk that applies: a function or declaration it adds that upstream seems to

@@ -119,6 +119,64 @@ def test_a_patch_partly_upstream_needs_a_refresh(tmp_path):
     assert t.patches[0].status == dm.CONFLICT
 
 
+LOG = """\
+static int g_level = 0;
+
+void set_level(int level) {
+    g_level = level;
+}
+
+void other(void) {
+    g_level = 0;
+}
+"""
+GETTER = "int get_level(void) {\n    return g_level;\n}\n\n"
+PAD = "".join(f"// line {i}\n" for i in range(30))
+
+
+def test_a_patch_whose_every_hunk_lands_on_lines_upstream_added_is_present_upstream(tmp_path):
+    """The patch adds get_level() after set_level(); upstream added the same function, the
+    same lines, before it. GNU patch lands the hunk at an offset (git apply too): that would
+    define get_level() twice. Every hunk of the patch is there, so the patch is upstream."""
+    after = LOG.replace("void other", GETTER + "void other")
+    target = PAD + LOG.replace("void set_level", GETTER + "void set_level")
+    t = _run(tmp_path, {"src/log.c": LOG}, {"src/log.c": target},
+             [[_diff("src/log.c", LOG, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.PRESENT_UPSTREAM, hunk.reason
+    assert hunk.offset == 34  # 30 lines of padding and the 4 of upstream's getter above
+    assert "its 2 added lines are there as one block, new since the base" in hunk.reason
+    assert t.patches[0].status == dm.PRESENT_UPSTREAM
+
+
+def test_a_block_upstream_added_is_a_note_where_the_rest_of_the_patch_is_not_there(tmp_path):
+    """The same getter, and a second hunk upstream does not have: text stands for both
+    hunks (offset), the first one says what to review."""
+    tail = "".join(f"int pad{i};\n" for i in range(20)) + "\nint k = 1;\n"
+    base = LOG + "\n" + tail
+    after = base.replace("void other", GETTER + "void other").replace("int k = 1;",
+                                                                     "int k = 2;")
+    target = PAD + base.replace("void set_level", GETTER + "void set_level")
+    t = _run(tmp_path, {"src/log.c": base}, {"src/log.c": target},
+             [[_diff("src/log.c", base, after)]])
+    first, second = t.patches[0].hunks
+    assert (first.status, second.status) == (dm.OFFSET, dm.OFFSET)
+    assert "to review: its 2 added lines are there as one block" in first.reason
+    assert "to review" not in second.reason
+
+
+def test_a_block_the_base_had_already_is_no_evidence(tmp_path):
+    """The fork adds a second copy of lines the base already had: that is its choice, not
+    upstream's change; the hunk is what text says, without a note."""
+    base = LOG + "\n" + GETTER
+    after = base.replace("void other", GETTER + "void other")
+    target = PAD + base
+    t = _run(tmp_path, {"src/log.c": base}, {"src/log.c": target},
+             [[_diff("src/log.c", base, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.OFFSET and "to review" not in hunk.reason, hunk.reason
+
+
 # -- the presence rules: one ordered table, each positive and negative --------------------
 
 def test_presence_rules_are_one_ordered_table():
