@@ -120,6 +120,9 @@ _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VAR
 _MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
 # `Name(`, `Name{`, `Name var(` / `Name var{`: an object of the class Name built
 _CONSTRUCTS = re.compile(r"\b([A-Za-z_]\w*)(?:\s+[A-Za-z_]\w*)?\s*[({]")
+# `Class * name`, `const struct Class & name`, followed by `,` `)` `=` `;` `{`: name is a Class
+_DECLARES = re.compile(r"\b(?:struct\s+)?([A-Za-z_]\w*)\s*(?:const\s*)?[*&]+\s*(?:const\s+)?"
+                       r"([A-Za-z_]\w*)\s*(?=[,)=;{\[])")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
 _NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
@@ -1134,9 +1137,10 @@ class _Target:
             receivers: dict[str, set[str]] = defaultdict(set)
             bare: set[str] = set()
             built: set[str] = set()
+            typed = self.declared(hunk)
             for line in hunk.added:
                 for obj, member in _MEMBER_USE.findall(line):
-                    receivers[member].add(obj)
+                    receivers[member].add(typed.get(obj, obj))
                 bare.update(_bare_names(line))
                 built.update(_CONSTRUCTS.findall(line))
             around = self.base_symbol(hunk)
@@ -1150,6 +1154,20 @@ class _Target:
                 if change is not None:
                     out[word] = change
         return list(out.values())
+
+    def declared(self, hunk: Hunk) -> dict[str, str]:
+        """The objects the hunk's own lines declare as a pointer or reference to a class the
+        base defines (`const llama_context * ctx`, a parameter or a local): name -> class.
+        A name declared as two classes is left out."""
+        seen: dict[str, set[str]] = defaultdict(set)
+        for line in (*hunk.old_lines, *hunk.added):
+            code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+            for cls, name in _DECLARES.findall(code):
+                if name not in _KEYWORDS and any(
+                        s.kind == CLASS for s in self.base.index.find(cls, (CLASS,))):
+                    seen[name].add(cls)
+        return {name: next(iter(classes)) for name, classes in seen.items()
+                if len(classes) == 1}
 
     def meanings(self, word: str, receivers: set[str], home: str,
                  bare: bool = True, built: bool = True) -> list[Symbol]:
@@ -1194,6 +1212,21 @@ class _Target:
         owners = self.base.index.by_qualname.get(sym.scope, [])
         return any(o.kind == CLASS for o in owners) or (
             sym.kind != ENUMERATOR and any(o.kind == ENUM for o in owners))
+
+    def renamed_member(self, sym: Symbol) -> Symbol | None:
+        """Where a member the target's class lacks went, when that is known without doubt:
+        the class is there, and of the members of the same kind it gained (names the base's
+        class did not have) exactly one reads as a rename of it (`_akin`)."""
+        if not sym.scope or not self._member(sym):
+            return None
+        scope = canonical(sym.scope)
+        had = {s.name for s in self.base.index.symbols if canonical(s.scope) == scope}
+        kinds = {sym.kind} | ({FUNCTION, DECLARATION} if sym.kind in (FUNCTION, DECLARATION)
+                              else set())
+        gained = {s.name: s for s in self.target.index.symbols
+                  if canonical(s.scope) == scope and s.kind in kinds and s.name not in had
+                  and _akin(sym.name, s.name)}
+        return next(iter(gained.values())) if len(gained) == 1 else None
 
     def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
         """Where a field or variable went when its name now means something else (a field
@@ -1246,6 +1279,12 @@ class _Target:
                 return SemanticChange(word, "renamed", f"{sym.qualname} is "
                                       f"{cand.symbol.qualname} in the target "
                                       f"({cand.symbol.where}, {cand.strategy})")
+        for sym in missing:
+            heir = self.renamed_member(sym)
+            if heir is not None:
+                return SemanticChange(word, "renamed", f"{sym.qualname} is {heir.qualname} in "
+                                      f"the target ({heir.where}, the one member of its kind "
+                                      "the class gained under an akin name)")
         sym = missing[0]
         if self._current(sym.file) is None or word in self._words_now(sym.file):
             # Still in its file: the index missed it (a parse error). Or its whole file is
@@ -1263,17 +1302,23 @@ def _bare_names(line: str) -> set[str]:
             if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
 
 
+def _spelled(text: str) -> str:
+    """A type as C++ reads it: today's names (`canonical`), without the elaborated-type
+    keywords C code writes (`struct llama_model &` is `llama_model &`) and spacing."""
+    return " ".join(re.sub(r"\b(?:struct|class|union|enum)\s+", "", canonical(text)).split())
+
+
 def _difference(old: Symbol, new: Symbol) -> str:
     """How a symbol's interface changed ("" when it did not)."""
     if old.kind != new.kind and {old.kind, new.kind} != {FUNCTION, DECLARATION}:
         return f"{old.qualname} was a {old.kind} ({old.signature()}), is a {new.kind} now " \
                f"({new.signature()})"
     if old.kind in (FUNCTION, DECLARATION, MACRO):
-        if [canonical(p) for p in old.params] != [canonical(p) for p in new.params]:
+        if [_spelled(p) for p in old.params] != [_spelled(p) for p in new.params]:
             return f"{old.signature()} is {new.signature()} now"
-        if old.kind != MACRO and canonical(old.returns) != canonical(new.returns):
+        if old.kind != MACRO and _spelled(old.returns) != _spelled(new.returns):
             return f"{old.qualname} returns {new.returns or '?'} now, not {old.returns or '?'}"
-    if old.kind in (FIELD, VARIABLE) and canonical(old.returns) != canonical(new.returns):
+    if old.kind in (FIELD, VARIABLE) and _spelled(old.returns) != _spelled(new.returns):
         return f"{old.qualname} is {new.returns} now, not {old.returns}"
     return ""
 

@@ -282,6 +282,41 @@ def test_semantic_drift_only_for_symbols_resolved_without_doubt(tmp_path, line, 
     assert found == ([symbol] if symbol else []), t.patches[0].semantic
 
 
+CTX = """\
+struct llama_model;
+
+struct llama_context {
+    unsigned n_ctx_per_seq() const;
+    unsigned n_batch() const;
+};
+
+int model_size(const struct llama_model * m);
+"""
+
+
+@pytest.mark.parametrize(("use", "found"), [
+    # the hunk declares what ctx is: llama_context::n_ctx_per_seq, which the class renamed
+    ("unsigned seq_of(const llama_context * ctx) {\n    return ctx->n_ctx_per_seq();\n}\n",
+     ["n_ctx_per_seq"]),
+    # the receiver is not declared in the hunk and names no class: a member name alone
+    ("unsigned seq_of(void) {\n    return current->n_ctx_per_seq();\n}\n", []),
+    # `const struct llama_model *` and `const llama_model *` are one type
+    ("int size_of(void) {\n    return model_size(nullptr);\n}\n", []),
+])
+def test_a_receiver_declared_in_the_hunk_resolves_its_member(tmp_path, use, found):
+    new_ctx = CTX.replace("n_ctx_per_seq()", "n_ctx_seq()").replace(
+        "const struct llama_model * m", "const llama_model * m")
+    body = "#include \"ctx.h\"\n\nint keep() {\n    return 0;\n}\n"
+    after = body + "\n" + use
+    t = _run(tmp_path, {"src/ctx.h": CTX, "src/a.cpp": body},
+             {"src/ctx.h": new_ctx, "src/a.cpp": body}, [[_diff("src/a.cpp", body, after)]])
+    semantic = t.patches[0].semantic
+    assert [s.symbol for s in semantic] == found, semantic
+    if found:
+        assert semantic[0].change == "renamed"
+        assert "llama_context::n_ctx_per_seq is llama_context::n_ctx_seq" in semantic[0].detail
+
+
 # -- the sequential view: earlier patches lend what they create ---------------------------
 
 CMAKE = """\
