@@ -830,9 +830,27 @@ class _Target:
         why = f"{hunk.path} is not in the target" + (f"; {why_not}" if why_not else "")
         if base_sym is None:
             why += self.between(hunk)
+        near = self.nearest(hunk, home, None) if home else self.nearest_anywhere(hunk)
+        if near is None and base_sym is None:
+            near = self.after_neighbour(hunk)
         return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
-                         nearest=self.nearest(hunk, home, None) if home
-                         else self.nearest_anywhere(hunk))
+                         nearest=near)
+
+    def after_neighbour(self, hunk: Hunk) -> Nearest | None:
+        """For a hunk between definitions that no lines place: the end of the definition it
+        goes after, where the locator found that one in the target."""
+        above, _ = self.neighbours(hunk)
+        cand = self.located(above)[0] if above is not None else None
+        if cand is None:
+            return None
+        tsym = cand.symbol
+        current = self._current(tsym.file)
+        if current is None:
+            return None
+        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        end = min(self._line_now(tsym.file, tsym.end_line, always=True), len(lines))
+        start = max(end - 2, 1)
+        return Nearest(tsym.file, start, "\n".join(lines[start - 1:end]))
 
     # -- relocation --------------------------------------------------------------------
 
@@ -888,11 +906,11 @@ class _Target:
                            self.renames(hunk, base_sym, tsym),
                            (now(tsym.file, tsym.start_line - 3), now(tsym.file, tsym.end_line + 3)))
 
-    def _line_now(self, rel: str, line: int) -> int:
+    def _line_now(self, rel: str, line: int, *, always: bool = False) -> int:
         """A line of the target's file as upstream has it, in the file as the earlier patches
         left it: the same line when not `follow_lines` (drift's own runs, where the index's
-        lines stand for both)."""
-        current = self.current.get(rel) if self.follow_lines else None
+        lines stand for both), unless `always`."""
+        current = self.current.get(rel) if self.follow_lines or always else None
         upstream = self.target.text(rel) if current is not None else None
         if current is None or upstream is None:
             return line

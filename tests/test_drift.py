@@ -67,7 +67,12 @@ def test_rotation_series_is_followed_across_the_unified_rename(rotation_report, 
            "llama_kv_cache_context::set_input_pos_bucket" in padding.reason
     assert "before llama_kv_cache_unified::get_padding, which is not in the target" \
         in padding.reason
+    # No two of its context lines are left together; its nearest match is the end of the method
+    # it goes after, where that one went.
     assert padding.nearest is not None and padding.nearest.file == "src/llama-kv-cache.cpp"
+    assert padding.nearest.text.startswith(
+        "void llama_kv_cache_context::set_input_pos_bucket(") and \
+        padding.nearest.text.endswith("    kv->set_input_pos_bucket(dst, ubatch);\n}")
     # The iSWA input builder lost its suffix: found by alias in the same file.
     iswa = next(h for h in hunks
                 if h.symbol == "llm_graph_context::build_attn_inp_kv_unified_iswa")

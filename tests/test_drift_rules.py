@@ -177,6 +177,37 @@ def test_a_block_the_base_had_already_is_no_evidence(tmp_path):
     assert hunk.status == dm.OFFSET and "to review" not in hunk.reason, hunk.reason
 
 
+CACHE = """\
+int cache_first(int x) {
+    return x + 1;
+}
+
+int cache_second(int x) {
+    return x * 2;
+}
+
+int cache_padding(int x) {
+    return x - 3;
+}
+"""
+
+
+def test_a_hunk_between_definitions_is_placed_after_the_one_it_follows(tmp_path):
+    """The file was renamed and the definition the insertion goes before is gone: one line of
+    its context is left, no place by lines; the nearest match is the end of the definition
+    it goes after, where the locator found that one."""
+    added = "int cache_third(int x) {\n    return x / 4;\n}\n\n"
+    after = CACHE.replace("int cache_padding", added + "int cache_padding")
+    target = "// moved here\n\n" + CACHE.split("int cache_padding")[0]
+    t = _run(tmp_path, {"src/cache-old.cpp": CACHE}, {"src/cache.cpp": target},
+             [[_diff("src/cache-old.cpp", CACHE, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT, hunk.reason
+    assert "it goes after cache_second, which is cache_second at src/cache.cpp" in hunk.reason
+    assert hunk.nearest is not None and hunk.nearest.file == "src/cache.cpp"
+    assert hunk.nearest.text.endswith("    return x * 2;\n}") and hunk.nearest.line == 7
+
+
 # -- the presence rules: one ordered table, each positive and negative --------------------
 
 def test_presence_rules_are_one_ordered_table():
