@@ -584,6 +584,7 @@ class _Target:
         self.follow_lines = False  # map the index's lines into `current` (see _line_now)
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
         self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
+        self._meaningful: dict[tuple[str, str], list[str]] = {}  # (side, file) -> its lines
 
     def run(self) -> TargetDrift:
         """The series patch by patch on the target, each on the files as the earlier ones
@@ -685,11 +686,19 @@ class _Target:
         base's file did not have them so. Evidence only: the hunk keeps what text says
         unless the rest of its patch is there too (`_wholly_there`)."""
         added = _meaningful(hunk.added)
-        if len(added) < 2 or _meaningful(hunk.removed):
-            return ""
-        text = self.target.text(hunk.path)
-        if text is None or not _has_run(_meaningful(text.splitlines()), added) or \
-                _has_run(_meaningful(self.base.flat_lines(hunk.path)), added):
+        if len(added) < 2 or _meaningful(hunk.removed) or \
+                not set(_IDENT.findall("\n".join(hunk.added))) <= self.target.file_words(hunk.path):
+            return ""  # (cheap first: a name it adds that the file lacks)
+
+        def meaningful(side: Side) -> list[str]:
+            key = (side.label, hunk.path)
+            if key not in self._meaningful:
+                self._meaningful[key] = [f for f in side.flat_lines(hunk.path)
+                                         if len(f) >= _MEANINGFUL]
+            return self._meaningful[key]
+
+        if not _has_run(meaningful(self.target), added) or \
+                _has_run(meaningful(self.base), added):
             return ""
         return f"its {len(added)} added lines are there as one block, new since the base"
 
@@ -1238,12 +1247,11 @@ class _Target:
         if not sym.scope or not self._member(sym):
             return None
         scope = canonical(sym.scope)
-        had = {s.name for s in self.base.index.symbols if canonical(s.scope) == scope}
+        had = {s.name for s in _by_scope(self.base.index).get(scope, ())}
         kinds = {sym.kind} | ({FUNCTION, DECLARATION} if sym.kind in (FUNCTION, DECLARATION)
                               else set())
-        gained = {s.name: s for s in self.target.index.symbols
-                  if canonical(s.scope) == scope and s.kind in kinds and s.name not in had
-                  and _akin(sym.name, s.name)}
+        gained = {s.name: s for s in _by_scope(self.target.index).get(scope, ())
+                  if s.kind in kinds and s.name not in had and _akin(sym.name, s.name)}
         return next(iter(gained.values())) if len(gained) == 1 else None
 
     def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
@@ -1311,6 +1319,23 @@ class _Target:
             return None
         return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
                               f"in the base) is not in the target")
+
+
+_SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
+
+
+def _by_scope(index: Index) -> dict[str, list[Symbol]]:
+    """An index's members by their class (today's names), built once per index."""
+    kept = _SCOPES.get(id(index))
+    if kept is None or kept[0] is not index:
+        table: dict[str, list[Symbol]] = defaultdict(list)
+        for sym in index.symbols:
+            if sym.scope:
+                table[canonical(sym.scope)].append(sym)
+        if len(_SCOPES) > 8:
+            _SCOPES.clear()
+        kept = _SCOPES[id(index)] = (index, dict(table))
+    return kept[1]
 
 
 def _bare_names(line: str) -> set[str]:
