@@ -2,8 +2,12 @@
 
 For every target the series is applied in order by the per-hunk engine (portkit.hunks, GNU
 patch underneath), each patch on top of the earlier ones that applied. A hunk that lands is
-clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. A hunk
-that fails is followed into the target:
+clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. Only
+where the whole patch is there already does a hunk that lands become present-upstream: each
+such hunk only adds lines the target's file has as one block, new since the base (landing it
+would write upstream's lines twice), and every other hunk of the patch is there by the rules
+below; elsewhere such a block is a note to review. A hunk that fails is followed into the
+target:
 
   relocated         its enclosing symbol in the base (function, method, class, file-scope
                     declaration) was found in the target by the anchor engine's Locator
@@ -118,6 +122,9 @@ _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VAR
 _MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
 # `Name(`, `Name{`, `Name var(` / `Name var{`: an object of the class Name built
 _CONSTRUCTS = re.compile(r"\b([A-Za-z_]\w*)(?:\s+[A-Za-z_]\w*)?\s*[({]")
+# `Class * name`, `const struct Class & name`, followed by `,` `)` `=` `;` `{`: name is a Class
+_DECLARES = re.compile(r"\b(?:struct\s+)?([A-Za-z_]\w*)\s*(?:const\s*)?[*&]+\s*(?:const\s+)?"
+                       r"([A-Za-z_]\w*)\s*(?=[,)=;{\[])")
 _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
 _NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
@@ -439,6 +446,31 @@ def _fast_tmp() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
+def _has_run(hay: list[str], run: list[str]) -> bool:
+    """Whether `run` occurs in `hay` as consecutive items."""
+    n = len(run)
+    return any(hay[i:i + n] == run for i, line in enumerate(hay) if line == run[0])
+
+
+def _wholly_there(hunks: list[HunkDrift], blocks: dict[int, str]) -> list[HunkDrift]:
+    """A patch the target has all of: the hunks that do not land (or land only with fuzz)
+    found there by the presence rules, the ones that land found there as one block each
+    (`there_as_block`: landing them would duplicate upstream's lines) is present upstream,
+    every hunk of it. Where the rest of the patch is not there, such a block is a note to
+    review on a hunk that keeps what text says."""
+    if not blocks:
+        return hunks
+    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
+    if all(h.status in there or i in blocks for i, h in enumerate(hunks)):
+        return [replace(h, status=PRESENT_UPSTREAM,
+                        reason=f"it {h.reason}, but the target has it already: {blocks[i]} "
+                               "(landing it would write them twice), as it has the rest of "
+                               "the patch")
+                if i in blocks else h for i, h in enumerate(hunks)]
+    return [replace(h, reason=f"{h.reason}; to review: {blocks[i]}") if i in blocks else h
+            for i, h in enumerate(hunks)]
+
+
 def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
     """A patch part of which the target has while the rest still applies is a patch to
     refresh (without the part that is there), not one that fits: each hunk that is there
@@ -554,6 +586,7 @@ class _Target:
         self.follow_lines = False  # map the index's lines into `current` (see _line_now)
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
         self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
+        self._meaningful: dict[tuple[str, str], list[str]] = {}  # (side, file) -> its lines
 
     def run(self) -> TargetDrift:
         """The series patch by patch on the target, each on the files as the earlier ones
@@ -574,7 +607,8 @@ class _Target:
         """One patch as the engine fared with it on `self.current`, hunk by hunk."""
         patch = presult.patch
         at = _patch_lines(patch)
-        hunks = []
+        hunks: list[HunkDrift] = []
+        blocks: dict[int, str] = {}  # landed hunks whose added block the target has already
         for hr in presult.hunks:
             assert hr.hunk is not None
             line = at.get(hr.hunk.patch_index, 1)
@@ -585,10 +619,15 @@ class _Target:
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
                                     hr.reason, line, hr.line))
+            if hunks[-1].status in (CLEAN, OFFSET):
+                block = self.there_as_block(hr.hunk)
+                if block:
+                    blocks[len(hunks) - 1] = block
         if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
             where = patch.paths[0] if patch.paths else patch.name
             hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                      for problem in presult.problems or ["the patch changes no text"]]
+        hunks = _wholly_there(hunks, blocks)
         hunks = _partly_there(hunks)
         there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
         return PatchDrift(patch.name, patch.subject, tuple(hunks),
@@ -641,6 +680,29 @@ class _Target:
                 if why:
                     return why
         return ""
+
+    def there_as_block(self, hunk: Hunk) -> str:
+        """For a hunk that lands and only adds lines: why landing it would write upstream's
+        lines a second time, or "": the target's file (as upstream has it) has every
+        meaningful line it adds (two at least), in order and next to each other, and the
+        base's file did not have them so. Evidence only: the hunk keeps what text says
+        unless the rest of its patch is there too (`_wholly_there`)."""
+        added = _meaningful(hunk.added)
+        if len(added) < 2 or _meaningful(hunk.removed) or \
+                not set(_IDENT.findall("\n".join(hunk.added))) <= self.target.file_words(hunk.path):
+            return ""  # (cheap first: a name it adds that the file lacks)
+
+        def meaningful(side: Side) -> list[str]:
+            key = (side.label, hunk.path)
+            if key not in self._meaningful:
+                self._meaningful[key] = [f for f in side.flat_lines(hunk.path)
+                                         if len(f) >= _MEANINGFUL]
+            return self._meaningful[key]
+
+        if not _has_run(meaningful(self.target), added) or \
+                _has_run(meaningful(self.base), added):
+            return ""
+        return f"its {len(added)} added lines are there as one block, new since the base"
 
     def review_note(self, hunk: Hunk) -> str:
         """For a hunk that applies: a function or declaration it adds that upstream seems to
@@ -779,9 +841,27 @@ class _Target:
         why = f"{hunk.path} is not in the target" + (f"; {why_not}" if why_not else "")
         if base_sym is None:
             why += self.between(hunk)
+        near = self.nearest(hunk, home, None) if home else self.nearest_anywhere(hunk)
+        if near is None and base_sym is None:
+            near = self.after_neighbour(hunk)
         return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
-                         nearest=self.nearest(hunk, home, None) if home
-                         else self.nearest_anywhere(hunk))
+                         nearest=near)
+
+    def after_neighbour(self, hunk: Hunk) -> Nearest | None:
+        """For a hunk between definitions that no lines place: the end of the definition it
+        goes after, where the locator found that one in the target."""
+        above, _ = self.neighbours(hunk)
+        cand = self.located(above)[0] if above is not None else None
+        if cand is None:
+            return None
+        tsym = cand.symbol
+        current = self._current(tsym.file)
+        if current is None:
+            return None
+        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        end = min(self._line_now(tsym.file, tsym.end_line, always=True), len(lines))
+        start = max(end - 2, 1)
+        return Nearest(tsym.file, start, "\n".join(lines[start - 1:end]))
 
     # -- relocation --------------------------------------------------------------------
 
@@ -837,11 +917,11 @@ class _Target:
                            self.renames(hunk, base_sym, tsym),
                            (now(tsym.file, tsym.start_line - 3), now(tsym.file, tsym.end_line + 3)))
 
-    def _line_now(self, rel: str, line: int) -> int:
+    def _line_now(self, rel: str, line: int, *, always: bool = False) -> int:
         """A line of the target's file as upstream has it, in the file as the earlier patches
         left it: the same line when not `follow_lines` (drift's own runs, where the index's
-        lines stand for both)."""
-        current = self.current.get(rel) if self.follow_lines else None
+        lines stand for both), unless `always`."""
+        current = self.current.get(rel) if self.follow_lines or always else None
         upstream = self.target.text(rel) if current is not None else None
         if current is None or upstream is None:
             return line
@@ -1086,9 +1166,10 @@ class _Target:
             receivers: dict[str, set[str]] = defaultdict(set)
             bare: set[str] = set()
             built: set[str] = set()
+            typed = self.declared(hunk)
             for line in hunk.added:
                 for obj, member in _MEMBER_USE.findall(line):
-                    receivers[member].add(obj)
+                    receivers[member].add(typed.get(obj, obj))
                 bare.update(_bare_names(line))
                 built.update(_CONSTRUCTS.findall(line))
             around = self.base_symbol(hunk)
@@ -1102,6 +1183,20 @@ class _Target:
                 if change is not None:
                     out[word] = change
         return list(out.values())
+
+    def declared(self, hunk: Hunk) -> dict[str, str]:
+        """The objects the hunk's own lines declare as a pointer or reference to a class the
+        base defines (`const llama_context * ctx`, a parameter or a local): name -> class.
+        A name declared as two classes is left out."""
+        seen: dict[str, set[str]] = defaultdict(set)
+        for line in (*hunk.old_lines, *hunk.added):
+            code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
+            for cls, name in _DECLARES.findall(code):
+                if name not in _KEYWORDS and any(
+                        s.kind == CLASS for s in self.base.index.find(cls, (CLASS,))):
+                    seen[name].add(cls)
+        return {name: next(iter(classes)) for name, classes in seen.items()
+                if len(classes) == 1}
 
     def meanings(self, word: str, receivers: set[str], home: str,
                  bare: bool = True, built: bool = True) -> list[Symbol]:
@@ -1146,6 +1241,20 @@ class _Target:
         owners = self.base.index.by_qualname.get(sym.scope, [])
         return any(o.kind == CLASS for o in owners) or (
             sym.kind != ENUMERATOR and any(o.kind == ENUM for o in owners))
+
+    def renamed_member(self, sym: Symbol) -> Symbol | None:
+        """Where a member the target's class lacks went, when that is known without doubt:
+        the class is there, and of the members of the same kind it gained (names the base's
+        class did not have) exactly one reads as a rename of it (`_akin`)."""
+        if not sym.scope or not self._member(sym):
+            return None
+        scope = canonical(sym.scope)
+        had = {s.name for s in _by_scope(self.base.index).get(scope, ())}
+        kinds = {sym.kind} | ({FUNCTION, DECLARATION} if sym.kind in (FUNCTION, DECLARATION)
+                              else set())
+        gained = {s.name: s for s in _by_scope(self.target.index).get(scope, ())
+                  if s.kind in kinds and s.name not in had and _akin(sym.name, s.name)}
+        return next(iter(gained.values())) if len(gained) == 1 else None
 
     def heirs(self, sym: Symbol, twin: Symbol) -> list[Symbol]:
         """Where a field or variable went when its name now means something else (a field
@@ -1198,6 +1307,12 @@ class _Target:
                 return SemanticChange(word, "renamed", f"{sym.qualname} is "
                                       f"{cand.symbol.qualname} in the target "
                                       f"({cand.symbol.where}, {cand.strategy})")
+        for sym in missing:
+            heir = self.renamed_member(sym)
+            if heir is not None:
+                return SemanticChange(word, "renamed", f"{sym.qualname} is {heir.qualname} in "
+                                      f"the target ({heir.where}, the one member of its kind "
+                                      "the class gained under an akin name)")
         sym = missing[0]
         if self._current(sym.file) is None or word in self._words_now(sym.file):
             # Still in its file: the index missed it (a parse error). Or its whole file is
@@ -1208,11 +1323,34 @@ class _Target:
                               f"in the base) is not in the target")
 
 
+_SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
+
+
+def _by_scope(index: Index) -> dict[str, list[Symbol]]:
+    """An index's members by their class (today's names), built once per index."""
+    kept = _SCOPES.get(id(index))
+    if kept is None or kept[0] is not index:
+        table: dict[str, list[Symbol]] = defaultdict(list)
+        for sym in index.symbols:
+            if sym.scope:
+                table[canonical(sym.scope)].append(sym)
+        if len(_SCOPES) > 8:
+            _SCOPES.clear()
+        kept = _SCOPES[id(index)] = (index, dict(table))
+    return kept[1]
+
+
 def _bare_names(line: str) -> set[str]:
     """The names a line uses on their own: not after `.`, `->` or `::`."""
     code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
     return {m.group(1) for m in re.finditer(r"(?<![\w.>:])([A-Za-z_]\w*)", code)
             if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
+
+
+def _spelled(text: str) -> str:
+    """A type as C++ reads it: today's names (`canonical`), without the elaborated-type
+    keywords C code writes (`struct llama_model &` is `llama_model &`) and spacing."""
+    return " ".join(re.sub(r"\b(?:struct|class|union|enum)\s+", "", canonical(text)).split())
 
 
 def _difference(old: Symbol, new: Symbol) -> str:
@@ -1221,11 +1359,11 @@ def _difference(old: Symbol, new: Symbol) -> str:
         return f"{old.qualname} was a {old.kind} ({old.signature()}), is a {new.kind} now " \
                f"({new.signature()})"
     if old.kind in (FUNCTION, DECLARATION, MACRO):
-        if [canonical(p) for p in old.params] != [canonical(p) for p in new.params]:
+        if [_spelled(p) for p in old.params] != [_spelled(p) for p in new.params]:
             return f"{old.signature()} is {new.signature()} now"
-        if old.kind != MACRO and canonical(old.returns) != canonical(new.returns):
+        if old.kind != MACRO and _spelled(old.returns) != _spelled(new.returns):
             return f"{old.qualname} returns {new.returns or '?'} now, not {old.returns or '?'}"
-    if old.kind in (FIELD, VARIABLE) and canonical(old.returns) != canonical(new.returns):
+    if old.kind in (FIELD, VARIABLE) and _spelled(old.returns) != _spelled(new.returns):
         return f"{old.qualname} is {new.returns} now, not {old.returns}"
     return ""
 

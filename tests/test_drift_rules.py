@@ -119,6 +119,95 @@ def test_a_patch_partly_upstream_needs_a_refresh(tmp_path):
     assert t.patches[0].status == dm.CONFLICT
 
 
+LOG = """\
+static int g_level = 0;
+
+void set_level(int level) {
+    g_level = level;
+}
+
+void other(void) {
+    g_level = 0;
+}
+"""
+GETTER = "int get_level(void) {\n    return g_level;\n}\n\n"
+PAD = "".join(f"// line {i}\n" for i in range(30))
+
+
+def test_a_patch_whose_every_hunk_lands_on_lines_upstream_added_is_present_upstream(tmp_path):
+    """The patch adds get_level() after set_level(); upstream added the same function, the
+    same lines, before it. GNU patch lands the hunk at an offset (git apply too): that would
+    define get_level() twice. Every hunk of the patch is there, so the patch is upstream."""
+    after = LOG.replace("void other", GETTER + "void other")
+    target = PAD + LOG.replace("void set_level", GETTER + "void set_level")
+    t = _run(tmp_path, {"src/log.c": LOG}, {"src/log.c": target},
+             [[_diff("src/log.c", LOG, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.PRESENT_UPSTREAM, hunk.reason
+    assert hunk.offset == 34  # 30 lines of padding and the 4 of upstream's getter above
+    assert "its 2 added lines are there as one block, new since the base" in hunk.reason
+    assert t.patches[0].status == dm.PRESENT_UPSTREAM
+
+
+def test_a_block_upstream_added_is_a_note_where_the_rest_of_the_patch_is_not_there(tmp_path):
+    """The same getter, and a second hunk upstream does not have: text stands for both
+    hunks (offset), the first one says what to review."""
+    tail = "".join(f"int pad{i};\n" for i in range(20)) + "\nint k = 1;\n"
+    base = LOG + "\n" + tail
+    after = base.replace("void other", GETTER + "void other").replace("int k = 1;",
+                                                                     "int k = 2;")
+    target = PAD + base.replace("void set_level", GETTER + "void set_level")
+    t = _run(tmp_path, {"src/log.c": base}, {"src/log.c": target},
+             [[_diff("src/log.c", base, after)]])
+    first, second = t.patches[0].hunks
+    assert (first.status, second.status) == (dm.OFFSET, dm.OFFSET)
+    assert "to review: its 2 added lines are there as one block" in first.reason
+    assert "to review" not in second.reason
+
+
+def test_a_block_the_base_had_already_is_no_evidence(tmp_path):
+    """The fork adds a second copy of lines the base already had: that is its choice, not
+    upstream's change; the hunk is what text says, without a note."""
+    base = LOG + "\n" + GETTER
+    after = base.replace("void other", GETTER + "void other")
+    target = PAD + base
+    t = _run(tmp_path, {"src/log.c": base}, {"src/log.c": target},
+             [[_diff("src/log.c", base, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.OFFSET and "to review" not in hunk.reason, hunk.reason
+
+
+CACHE = """\
+int cache_first(int x) {
+    return x + 1;
+}
+
+int cache_second(int x) {
+    return x * 2;
+}
+
+int cache_padding(int x) {
+    return x - 3;
+}
+"""
+
+
+def test_a_hunk_between_definitions_is_placed_after_the_one_it_follows(tmp_path):
+    """The file was renamed and the definition the insertion goes before is gone: one line of
+    its context is left, no place by lines; the nearest match is the end of the definition
+    it goes after, where the locator found that one."""
+    added = "int cache_third(int x) {\n    return x / 4;\n}\n\n"
+    after = CACHE.replace("int cache_padding", added + "int cache_padding")
+    target = "// moved here\n\n" + CACHE.split("int cache_padding")[0]
+    t = _run(tmp_path, {"src/cache-old.cpp": CACHE}, {"src/cache.cpp": target},
+             [[_diff("src/cache-old.cpp", CACHE, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT, hunk.reason
+    assert "it goes after cache_second, which is cache_second at src/cache.cpp" in hunk.reason
+    assert hunk.nearest is not None and hunk.nearest.file == "src/cache.cpp"
+    assert hunk.nearest.text.endswith("    return x * 2;\n}") and hunk.nearest.line == 7
+
+
 # -- the presence rules: one ordered table, each positive and negative --------------------
 
 def test_presence_rules_are_one_ordered_table():
@@ -222,6 +311,41 @@ def test_semantic_drift_only_for_symbols_resolved_without_doubt(tmp_path, line, 
              {"src/a.h": new_header, "src/a.cpp": body}, [[_diff("src/a.cpp", body, after)]])
     found = [s.symbol for s in t.patches[0].semantic]
     assert found == ([symbol] if symbol else []), t.patches[0].semantic
+
+
+CTX = """\
+struct llama_model;
+
+struct llama_context {
+    unsigned n_ctx_per_seq() const;
+    unsigned n_batch() const;
+};
+
+int model_size(const struct llama_model * m);
+"""
+
+
+@pytest.mark.parametrize(("use", "found"), [
+    # the hunk declares what ctx is: llama_context::n_ctx_per_seq, which the class renamed
+    ("unsigned seq_of(const llama_context * ctx) {\n    return ctx->n_ctx_per_seq();\n}\n",
+     ["n_ctx_per_seq"]),
+    # the receiver is not declared in the hunk and names no class: a member name alone
+    ("unsigned seq_of(void) {\n    return current->n_ctx_per_seq();\n}\n", []),
+    # `const struct llama_model *` and `const llama_model *` are one type
+    ("int size_of(void) {\n    return model_size(nullptr);\n}\n", []),
+])
+def test_a_receiver_declared_in_the_hunk_resolves_its_member(tmp_path, use, found):
+    new_ctx = CTX.replace("n_ctx_per_seq()", "n_ctx_seq()").replace(
+        "const struct llama_model * m", "const llama_model * m")
+    body = "#include \"ctx.h\"\n\nint keep() {\n    return 0;\n}\n"
+    after = body + "\n" + use
+    t = _run(tmp_path, {"src/ctx.h": CTX, "src/a.cpp": body},
+             {"src/ctx.h": new_ctx, "src/a.cpp": body}, [[_diff("src/a.cpp", body, after)]])
+    semantic = t.patches[0].semantic
+    assert [s.symbol for s in semantic] == found, semantic
+    if found:
+        assert semantic[0].change == "renamed"
+        assert "llama_context::n_ctx_per_seq is llama_context::n_ctx_seq" in semantic[0].detail
 
 
 # -- the sequential view: earlier patches lend what they create ---------------------------
