@@ -30,9 +30,10 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from portkit import drift_model as dm
 from portkit import tree as tree_mod
-from portkit.drift import DriftInput, drift
+from portkit.drift import model as dm
+from portkit.drift.classify import drift
+from portkit.follow import DriftInput
 from portkit.series import Patch, read_series
 
 REPO = Path(__file__).resolve().parent.parent

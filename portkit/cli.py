@@ -23,7 +23,7 @@ from portkit.commands.recover import recover_cmd
 from portkit.commands.render import render_cmd
 from portkit.commands.tree import tree
 from portkit.commands.validate import validate_cmd
-from portkit.drift_model import ATTENTION_EXIT
+from portkit.drift.model import ATTENTION_EXIT
 from portkit.errors import Interrupted, UsageError
 from portkit.proc import drop_scratch, own_scratch
 from portkit.transaction import checkpoint, interrupt_note, wake

@@ -49,12 +49,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from portkit import drift_model as dm
 from portkit.anchors import aliases_of
 from portkit.apply import refuse_uncommitted
 from portkit.cache import lay_down, read_entry
-from portkit.drift import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
+from portkit.drift import model as dm
 from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
+from portkit.follow import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
+from portkit.follow.text import ALREADY as THERE_ALREADY
+from portkit.follow.text import BESIDE, SAME_POINT, merge, merge3
 from portkit.fork import (  # noqa: F401  (FILTER, Rule, read_filter, sent: re-exported)
     FILTER,
     Rule,
@@ -70,8 +72,6 @@ from portkit.fork import (  # noqa: F401  (FILTER, Rule, read_filter, sent: re-e
 from portkit.fork import files as _files
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
-from portkit.merge import ALREADY as THERE_ALREADY
-from portkit.merge import BESIDE, SAME_POINT, merge, merge3
 from portkit.proc import git, run
 from portkit.series import (
     REGULAR,

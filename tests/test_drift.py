@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from portkit import drift_model as dm
 from portkit.cli import cli
-from portkit.drift import DriftInput, drift, identifiers
+from portkit.drift import model as dm
+from portkit.drift.classify import drift
+from portkit.follow import DriftInput, identifiers
 from portkit.render import render, write_series
 from portkit.series import read_series
 from portkit.tree import detect

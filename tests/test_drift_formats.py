@@ -22,8 +22,8 @@ import jsonschema
 import junitparser
 import pytest
 
-from portkit import drift_formats as fmt
-from portkit.drift_model import (
+from portkit.drift import formats as fmt
+from portkit.drift.model import (
     ALREADY_APPLIED,
     ATTENTION_EXIT,
     CLEAN,

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from portkit import drift_model as dm
 from portkit.anchors import _name_likeness, akin
-from portkit.drift import (
+from portkit.drift import model as dm
+from portkit.drift.classify import drift
+from portkit.follow import DriftInput
+from portkit.follow.presence import (
     PRESENCE_RULES,
-    DriftInput,
     Place,
-    _akin,
-    _Target,
     added_lines_there,
-    drift,
     new_names_there,
     removed_lines_gone,
     there_under_upstreams_names,
 )
+from portkit.follow.target import _Target
+from portkit.follow.words import _akin
 from portkit.series import read_series
 from portkit.tree import detect
 
@@ -220,7 +220,7 @@ def _place(tmp: Path, base: str, target: str, hunk_text: str) -> Place:
     s = read_series(series)
     job_base = detect(_tree(tmp / "base", {"src/a.cpp": base}))
     job_target = detect(_tree(tmp / "target", {"src/a.cpp": target}))
-    from portkit.drift import Side, _patterns
+    from portkit.follow.sides import Side, _patterns
     t = _Target(s, Side("base", job_base.llama_root, _patterns(s)),
                 Side("t", job_target.llama_root, _patterns(s)))
     hunk = s.patches[0].hunks[0]

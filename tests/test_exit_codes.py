@@ -33,7 +33,7 @@ PORTKIT = str(Path(sys.executable).with_name("portkit"))
 
 # The only raises of exceptions that are not PortkitErrors, and why each is right.
 NOT_PORTKIT_ERRORS = {
-    ("portkit/drift_model.py", "_require", "ValueError"):
+    ("portkit/drift/model.py", "_require", "ValueError"):
         "a value check of the report's constructors; the reader turns it into an InputError "
         "naming the place, from portkit's own code it is a bug (70)",
     ("portkit/series.py", "_quilt_names", "ValueError"):

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from portkit import fork as fk
 from portkit.cli import cli
-from portkit.drift_formats import FORMATS
+from portkit.drift.formats import FORMATS
 from portkit.errors import TreeError
 from portkit.series import read_series
 from portkit.tree import detect

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from portkit import rebase as rb
-from portkit.drift import feature_of, identifiers
 from portkit.errors import PortkitError, UsageError
+from portkit.follow import feature_of, identifiers
 from portkit.hunks import apply_hunks
 from portkit.render import render, write_series
 from portkit.series import Patch, Series, read_series

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import click
 
-from portkit import drift_formats
-from portkit import drift_model as dm
 from portkit import tree as tree_mod
 from portkit.commands.common import fails_cleanly, open_tree
-from portkit.drift import DriftInput, drift
+from portkit.drift import formats as drift_formats
+from portkit.drift import model as dm
+from portkit.drift.classify import drift
 from portkit.errors import PortkitError, UsageError
+from portkit.follow import DriftInput
 from portkit.series import Series, read_series
 from portkit.tree import OLLAMA, Tree
 

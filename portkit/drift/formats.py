@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import click
 
-from portkit.drift_model import (
+from portkit.drift.model import (
     ALREADY_APPLIED,
     CLEAN,
     CONFLICT,

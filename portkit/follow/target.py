@@ -1,48 +1,23 @@
-"""Drift: how each patch of a series fares on other trees, hunk by hunk, and why.
-
-For every target the series is applied in order by the per-hunk engine (portkit.hunks, GNU
-patch underneath), each patch on top of the earlier ones that applied. A hunk that lands is
-clean, offset or fuzz, as GNU patch says; one that reverse-applies is already-applied. Only
-where the whole patch is there already does a hunk that lands become present-upstream: each
-such hunk only adds lines the target's file has as one block, new since the base (landing it
-would write upstream's lines twice), and every other hunk of the patch is there by the rules
-below; elsewhere such a block is a note to review. A hunk that fails is followed into the
-target:
-
-  relocated         its enclosing symbol in the base (function, method, class, file-scope
-                    declaration) was found in the target by the anchor engine's Locator
-                    (exact / alias / structure / similarity), and the hunk, re-expressed
-                    with the target's names, lands inside it;
-  present-upstream  the target already has the change in another form: every line the
-                    hunk adds is there, or every new name it brings is already used at that
-                    place in the target, or every line it adds is there under upstream's
-                    names (a definition upstream added under a name akin to the hunk's);
-  conflict          none of that: the reason (file gone, symbol gone, context changed) and
-                    the nearest match in the target.
-
-Semantic drift: the symbols a patch's added lines use (functions, methods, types, fields,
-enumerators, macros, variables) are looked up in the base and in the target; each one that
-is gone, renamed, or whose signature or type changed is listed, even when the text applies.
+"""One hunk followed from the base into the target (`_Target`): text first (GNU patch's
+placement), then for a hunk that fails: its enclosing symbol located (anchors.Locator),
+the hunk relocated into it in the target's names, the presence rules (portkit.follow.
+presence), the nearest match; and semantic drift of the symbols a patch uses, for symbols
+resolved without doubt.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from difflib import SequenceMatcher
-from functools import cached_property, lru_cache
+from dataclasses import replace
 from pathlib import Path
 
-from portkit.anchors import Candidate, Locator, akin, aliases_of, canonical, find
-from portkit.cache import lay_down, read_entry
-from portkit.drift_model import (
+from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
+from portkit.cache import read_entry
+from portkit.drift.model import (
     ALREADY_APPLIED,
     CLEAN,
     CONFLICT,
@@ -50,28 +25,56 @@ from portkit.drift_model import (
     OFFSET,
     PRESENT_UPSTREAM,
     RELOCATED,
-    DriftReport,
     HunkDrift,
     Moved,
     Nearest,
-    NotVendored,
     PatchDrift,
     SemanticChange,
     TargetDrift,
 )
-from portkit.errors import ApplyConflict, PortkitError, UsageError
-from portkit.features import Feature, templates_root
-from portkit.fork import fork_scope
+from portkit.follow.presence import PRESENCE_RULES, Place, there_under_upstreams_names
+from portkit.follow.relocate import (
+    MARGIN,
+    SURE,
+    Landing,
+    _changed_offset,
+    _find_block,
+    _hunk_key,
+    _insert,
+    _one_block,
+    _patch_lines,
+    place_insertion,
+)
+from portkit.follow.sequence import (
+    FUZZ_LIMIT,
+    _Carry,
+    _fast_tmp,
+    _has_run,
+    _partly_there,
+    _wholly_there,
+)
+from portkit.follow.sides import Side
+from portkit.follow.text import line_blocks
+from portkit.follow.words import (
+    _CONSTRUCTS,
+    _IDENT,
+    _KEYWORDS,
+    _MEANINGFUL,
+    _MEMBER_USE,
+    _NEAR,
+    _akin,
+    _bare_names,
+    _defines,
+    _meaningful,
+    _tokens,
+    _unify,
+    identifiers,
+)
 from portkit.hunks import (
     ALREADY,
-    HunkResult,
     PatchResult,
-    _copy_in,
     _gnu,
-    _Run,
-    _Verdict,
     _verdicts,
-    apply_hunks,
 )
 from portkit.hunks import CLEAN as H_CLEAN
 from portkit.hunks import FUZZ as H_FUZZ
@@ -89,483 +92,14 @@ from portkit.index import (
     Symbol,
     flat,
 )
-from portkit.merge import line_blocks
-from portkit.render import upstream_patches
-from portkit.series import FileDiff, Hunk, Patch, Series
-from portkit.tree import Tree
+from portkit.series import Hunk, Patch, Series
 
-# What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
-# llama.cpp's sources and headers and ggml's public headers and core sources, where the
-# symbols a fork's patches use are defined. Files a series touches are added to these.
-SCOPE = ("src/**/*.h", "src/**/*.cpp", "include/*.h", "common/*.h", "ggml/include/*.h",
-         "ggml/src/*.h", "ggml/src/*.c", "ggml/src/*.cpp", "ggml/src/ggml-cpu/*.h",
-         "ggml/src/ggml-cpu/*.c", "ggml/src/ggml-cpu/*.cpp")
-FUZZ_LIMIT = 2
-PLACE_SIMILARITY = 0.85  # how alike a line must be to the neighbour an insertion follows
-SURE = 0.6  # a located symbol below this confidence is not followed
-MARGIN = 0.05  # ... nor one the runner-up comes this close to
-_IDENT = re.compile(r"[A-Za-z_]\w*")
-_KEYWORDS = frozenset({
-    "alignas", "alignof", "auto", "bool", "break", "case", "catch", "char", "class", "const",
-    "constexpr", "const_cast", "continue", "decltype", "default", "delete", "do", "double",
-    "dynamic_cast", "else", "enum", "explicit", "extern", "false", "float", "for", "friend",
-    "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept",
-    "nullptr", "operator", "private", "protected", "public", "register", "reinterpret_cast",
-    "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
-    "switch", "template", "this", "throw", "true", "try", "typedef", "typeid", "typename",
-    "union", "unsigned", "using", "virtual", "void", "volatile", "while", "override", "final",
-    "size_t", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
-    "uint64_t", "std", "NULL", "define", "include", "ifdef", "ifndef", "endif", "elif",
-    "pragma", "defined"
-})
 _USED_KINDS = (FUNCTION, DECLARATION, FIELD, ENUMERATOR, MACRO, CLASS, ENUM, VARIABLE)
-_MEMBER_USE = re.compile(r"(?=\b([A-Za-z_]\w*)\s*(?:\.|->)\s*([A-Za-z_]\w*))")
-# `Name(`, `Name{`, `Name var(` / `Name var{`: an object of the class Name built
-_CONSTRUCTS = re.compile(r"\b([A-Za-z_]\w*)(?:\s+[A-Za-z_]\w*)?\s*[({]")
+
+
 # `Class * name`, `const struct Class & name`, followed by `,` `)` `=` `;` `{`: name is a Class
 _DECLARES = re.compile(r"\b(?:struct\s+)?([A-Za-z_]\w*)\s*(?:const\s*)?[*&]+\s*(?:const\s+)?"
                        r"([A-Za-z_]\w*)\s*(?=[,)=;{\[])")
-_MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own ("}", "});")
-_NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
-
-
-def identifiers(lines: Iterable[str]) -> list[str]:
-    """The names in `lines`, in order of first use, without keywords and string contents."""
-    seen: dict[str, None] = {}
-    for line in lines:
-        code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-        for name in _IDENT.findall(code):
-            if name not in _KEYWORDS and len(name) > 1:
-                seen.setdefault(name)
-    return list(seen)
-
-
-@lru_cache(maxsize=4096)
-def _definition(name: str) -> re.Pattern[str]:
-    word = re.escape(name)
-    return re.compile("|".join((
-        rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
-        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
-        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
-        rf"^\s*#\s*define\s+{word}\b",
-        rf"^\s*{word}\s*(?:=[^=]|,|$)")))  # an enumerator
-
-
-def _defines(name: str, lines: Iterable[str]) -> bool:
-    """Whether `lines` define `name` (a function or declaration at file scope, a field, a
-    variable, an enumerator or a macro) rather than only use it."""
-    pattern = _definition(name)
-    return any(name in line and pattern.search(line) for line in lines)
-
-
-def _meaningful(lines: Iterable[str]) -> list[str]:
-    return [f for f in (flat(line) for line in lines) if len(f) >= _MEANINGFUL]
-
-
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
-
-
-def _tokens(line: str) -> list[str]:
-    """A line's C++ tokens, roughly: names, numbers, and every other character apart."""
-    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-    return _TOKEN.findall(code)
-
-
-def _akin(a: str, b: str) -> bool:
-    """Whether `b` reads as a rename of `a`: anchors' rule (`akin`), the one for both."""
-    return akin(a, b)
-
-
-def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: frozenset[str],
-           mapping: dict[str, str]) -> dict[str, str] | None:
-    """`mapping` extended so that `ours` reads as `theirs` when each wild name stands for one
-    name upstream gained that reads as its rename (one for one), or None. Every other token
-    must be the same, and a
-    line that has a wild name must also have two names of its own that match as they are."""
-    if len(ours) != len(theirs):
-        return None
-    out = dict(mapping)
-    literal = has_wild = 0
-    for a, b in zip(ours, theirs, strict=True):
-        if a in wild:
-            has_wild = 1
-            if out.get(a, b) != b or b not in gained or not _akin(a, b) \
-                    or (a not in out and b in out.values()):
-                return None
-            out[a] = b
-        elif a != b:
-            return None
-        elif _IDENT.fullmatch(a):
-            literal += 1
-    return out if not has_wild or literal >= 2 else None
-
-
-@dataclass
-class Side:
-    """A tree as drift reads it: the folder whose paths the series names (a fork's vendored
-    llama.cpp and ggml seen as one llama.cpp tree), and its index."""
-
-    label: str
-    root: Path
-    patterns: tuple[str, ...]
-    pin: str | None = None
-    _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
-    _tokens: dict[str, list[list[str]]] = field(default_factory=dict, repr=False)
-    _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
-
-    @cached_property
-    def index(self) -> Index:
-        return Index.build(self.root, self.patterns)
-
-    def text(self, rel: str) -> str | None:
-        """The file as git sees it: a symbolic link is its target's name, never the file it
-        points to (which may be outside the tree: its text must not reach a report)."""
-        found = read_entry(self.root / rel)
-        return found[0].decode("utf-8", errors="surrogateescape") if found else None
-
-    def flat_lines(self, rel: str) -> list[str]:
-        """The file's lines without layout and comments (cached: many hunks search one)."""
-        if rel not in self._flat:
-            text = self.text(rel)
-            self._flat[rel] = [flat(x) for x in text.splitlines()] if text is not None else []
-        return self._flat[rel]
-
-    def file_words(self, rel: str) -> frozenset[str]:
-        """The names used in one file (as `words`, without reading every file)."""
-        if "words" in self.__dict__:
-            return self.words.get(rel, frozenset())
-        if rel not in self._file_words:
-            text = self.text(rel)
-            self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
-        return self._file_words[rel]
-
-    def token_lines(self, rel: str) -> list[list[str]]:
-        """The file's lines as tokens (cached, like flat_lines)."""
-        if rel not in self._tokens:
-            text = self.text(rel)
-            self._tokens[rel] = [_tokens(x) for x in text.splitlines()] if text else []
-        return self._tokens[rel]
-
-    @cached_property
-    def words(self) -> dict[str, frozenset[str]]:
-        """The names used in each indexed file (for "is this name new?")."""
-        return {rel: frozenset(_IDENT.findall(self.index.source(rel).decode(
-                    "utf-8", errors="replace"))) for rel in self.index.files}
-
-    @cached_property
-    def all_words(self) -> frozenset[str]:
-        return frozenset().union(*self.words.values()) if self.words else frozenset()
-
-
-@contextmanager
-def tree_view(tree: Tree) -> Iterator[Path]:
-    """The tree's llama.cpp root as a series sees it. A fork that vendors ggml apart
-    (ml/backend/ggml/ggml beside llama/llama.cpp) is shown as one tree, ggml/ included,
-    through symbolic links in a temporary folder; the tree itself is only read."""
-    if (tree.llama_root / "ggml").exists() or not tree.ggml_root.is_dir():
-        yield tree.llama_root
-        return
-    with tempfile.TemporaryDirectory(prefix="portkit-view-") as tmp:
-        view = Path(tmp)
-        for entry in tree.llama_root.iterdir():
-            (view / entry.name).symlink_to(entry)
-        (view / "ggml").symlink_to(tree.ggml_root)
-        yield view
-
-
-@contextmanager
-def reversed_base(series: Series, tree: Tree) -> Iterator[Path]:
-    """The tree a fork's series was written against: its vendored tree with the series taken
-    out (the engine reverse-applies it, last patch first, in a scratch copy)."""
-    with tree_view(tree) as view, apply_hunks(series, view, reverse=True, exact=True) as back:
-        if not back.ok:
-            first = next(h for h in back.hunks if not h.landed)
-            raise ApplyConflict(f"the series does not come out of {tree.root} cleanly "
-                               f"({first.patch}: {first.describe()}); give the base with --base")
-        with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
-            base = Path(tmp)
-            for rel in _scope_files(view, SCOPE):
-                (base / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(view / rel, base / rel)
-            lay_down(base, back.files)
-            yield base
-
-
-def _scope_files(root: Path, patterns: Iterable[str]) -> list[str]:
-    found = {p.relative_to(root).as_posix() for pattern in patterns for p in root.glob(pattern)
-             if p.is_file()}
-    return sorted(found)
-
-
-def _patch_lines(patch: Patch) -> dict[int, int]:
-    """The line (1-based) of each hunk's @@ header in the patch file, by hunk index."""
-    lines = patch.text.splitlines()
-    out: dict[int, int] = {}
-    at = 0
-    for hunk in patch.hunks:
-        head = hunk.text.splitlines()[0]
-        while at < len(lines) and lines[at] != head:
-            at += 1
-        out[hunk.patch_index] = at + 1 if at < len(lines) else 1
-        at += 1
-    return out
-
-
-def _changed_offset(hunk: Hunk) -> int:
-    """Lines from the hunk's start to its first removed or added line (old side)."""
-    count = 0
-    for line in hunk.text.splitlines()[1:]:
-        if line.startswith((" ",)):
-            count += 1
-        elif line.startswith(("-", "+")):
-            return count
-    return 0
-
-
-def place_insertion(old_lines: list[str], at: int, target: list[str],
-                    span: tuple[int, int]) -> int | None:
-    """Where a pure insertion goes in `target` (0-based index of the line it goes before),
-    within `span` (1-based lines): after the line most like its last neighbour above (and
-    before one like its first neighbour below), when that place is clearly the best one.
-    `old_lines` are the hunk's context lines, the insertion after the first `at` of them."""
-    above = [flat(x) for x in old_lines[:at] if len(flat(x)) >= _MEANINGFUL]
-    below = [flat(x) for x in old_lines[at:] if len(flat(x)) >= _MEANINGFUL]
-    if not above:
-        return None
-    lo, hi = max(span[0] - 1, 0), min(span[1], len(target))
-    flat_target = [flat(x) for x in target]
-    scored: list[tuple[float, int]] = []
-    for i in range(lo, hi):
-        if len(flat_target[i]) < _MEANINGFUL:
-            continue
-        score = SequenceMatcher(None, above[-1], flat_target[i]).ratio()
-        if score < PLACE_SIMILARITY:
-            continue
-        rest = [x for x in flat_target[i + 1:min(i + 4, hi)] if len(x) >= _MEANINGFUL]
-        if below and rest:
-            score += 0.5 * SequenceMatcher(None, below[0], rest[0]).ratio()
-        scored.append((score, i))
-    scored.sort(reverse=True)
-    if not scored or (len(scored) > 1 and scored[0][0] - scored[1][0] < MARGIN):
-        return None
-    return scored[0][1] + 1
-
-
-@dataclass(frozen=True)
-class Landing:
-    """A hunk carried into the target by relocation: the file it lands in, that file's bytes
-    (as the earlier patches left it) with this hunk alone applied, the fuzz it took, and why
-    its place is only a guess, if it is."""
-
-    file: str
-    data: bytes
-    fuzz: int
-    guess: str = ""  # why its place is not sure ("" when it is)
-
-
-def _hunk_key(hunk: Hunk) -> tuple[str, int, int, str]:
-    return hunk.path, hunk.patch_index, hunk.old_start, hunk.text
-
-
-def _one_block(hunk: Hunk) -> bool:
-    """Whether the hunk adds its lines in one run (so that they go in at one place)."""
-    marks = "".join(line[:1] for line in hunk.text.splitlines()[1:] if line[:1] in " -+")
-    return marks.strip(" ").count("+") == len(marks.strip(" ")) > 0
-
-
-def _indent(line: str) -> str:
-    return line[:len(line) - len(line.lstrip(" \t"))]
-
-
-def _insert(data: bytes, placed: int, old_lines: list[str], cut: int,
-            added: list[str]) -> Landing | None:
-    """`data` with `added` (lines with their ends) inserted where place_insertion put them:
-    after its line `placed` (1-based; the one like the hunk's last meaningful line above the
-    insertion, which is after the hunk's first `cut` old lines) and the short lines that
-    follow that one in the hunk, which must follow it in the target too (else None);
-    indented as the target indents that line. When the target has other lines before the
-    one the insertion went before, it goes right before that one (after code upstream put at
-    the top, a guard say) if it is near, and the landing says that its place is a guess.
-    `file` is left for the caller."""
-    lines = data.decode("utf-8", errors="surrogateescape").splitlines(keepends=True)
-    above = max(i for i in range(cut) if len(flat(old_lines[i])) >= _MEANINGFUL)
-    tail = [flat(x) for x in old_lines[above + 1:cut]]
-    if [flat(x) for x in lines[placed:placed + len(tail)]] != tail:
-        return None
-    here, there = _indent(old_lines[above]), _indent(lines[placed - 1])
-    if here != there and set(here + there) <= {" "}:
-        shift = len(there) - len(here)
-        added = [(" " * shift + line if shift > 0 else line[min(-shift, len(_indent(line))):])
-                 if line.strip() else line for line in added]
-    at, guess = placed + len(tail), ""
-    below = next((i for i in range(cut, len(old_lines))
-                  if len(flat(old_lines[i])) >= _MEANINGFUL), None)
-    if below is not None and at < len(lines):
-        # the short lines between the insertion and that line, blank lines aside
-        head = [f for f in (flat(x) for x in old_lines[cut:below]) if f]
-        want = flat(old_lines[below])
-        k = next((k for k in range(at, min(at + _NEAR, len(lines)))
-                  if flat(lines[k]) == want), None)
-        between = [f for f in (flat(x) for x in lines[at:k]) if f] if k is not None else []
-        what = old_lines[below].strip()
-        if k is None or between[len(between) - len(head):] != head:
-            guess = f"the line it goes before ({what!r}) does not follow in the target"
-        elif len(between) > len(head):
-            start, count = k, len(head)
-            while count:
-                start -= 1
-                count -= bool(flat(lines[start]))
-            guess = (f"upstream has {len(between) - len(head)} lines between the lines it goes "
-                     f"after and before ({what!r}); it was put right before that one")
-            at = start
-    if not lines[at - 1].endswith("\n"):
-        lines[at - 1] += "\n"
-    if added and not added[-1].endswith("\n") and at < len(lines):
-        added[-1] += "\n"
-    return Landing("", "".join(lines[:at] + added + lines[at:]).encode(
-        "utf-8", errors="surrogateescape"), 0, guess)
-
-
-def _find_block(hay: list[str], needle: list[str], near: int) -> int | None:
-    """The 0-based start of `needle` in `hay` (flattened lines; layout-blind), the match
-    nearest `near`."""
-    want = [flat(x) for x in needle]
-    if not want:
-        return None
-    starts = [i for i, line in enumerate(hay[:len(hay) - len(want) + 1])
-              if line == want[0] and hay[i:i + len(want)] == want]
-    return min(starts, key=lambda i: abs(i - near)) if starts else None
-
-
-@lru_cache(maxsize=1)
-def _fast_tmp() -> str | None:
-    """Where drift's scratch files go: a memory file system when there is one to write in
-    (GNU patch runs hundreds of times on them; a disk makes each run cost a few writes),
-    else the system's temporary folder."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
-
-
-def _has_run(hay: list[str], run: list[str]) -> bool:
-    """Whether `run` occurs in `hay` as consecutive items."""
-    n = len(run)
-    return any(hay[i:i + n] == run for i, line in enumerate(hay) if line == run[0])
-
-
-def _wholly_there(hunks: list[HunkDrift], blocks: dict[int, str]) -> list[HunkDrift]:
-    """A patch the target has all of: the hunks that do not land (or land only with fuzz)
-    found there by the presence rules, the ones that land found there as one block each
-    (`there_as_block`: landing them would duplicate upstream's lines) is present upstream,
-    every hunk of it. Where the rest of the patch is not there, such a block is a note to
-    review on a hunk that keeps what text says."""
-    if not blocks:
-        return hunks
-    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
-    if all(h.status in there or i in blocks for i, h in enumerate(hunks)):
-        return [replace(h, status=PRESENT_UPSTREAM,
-                        reason=f"it {h.reason}, but the target has it already: {blocks[i]} "
-                               "(landing it would write them twice), as it has the rest of "
-                               "the patch")
-                if i in blocks else h for i, h in enumerate(hunks)]
-    return [replace(h, reason=f"{h.reason}; to review: {blocks[i]}") if i in blocks else h
-            for i, h in enumerate(hunks)]
-
-
-def _partly_there(hunks: list[HunkDrift]) -> list[HunkDrift]:
-    """A patch part of which the target has while the rest still applies is a patch to
-    refresh (without the part that is there), not one that fits: each hunk that is there
-    needs attention then, saying so. When every hunk is there, or another one is in
-    conflict anyway, the hunks keep their statuses."""
-    there = (ALREADY_APPLIED, PRESENT_UPSTREAM)
-    if not any(h.status in there for h in hunks) or \
-            not all(h.status in (*there, CLEAN, OFFSET) for h in hunks) or \
-            all(h.status in there for h in hunks):
-        return hunks
-    return [replace(h, status=CONFLICT, offset=0, fuzz=0,
-                    reason=f"the patch is partly upstream: {h.reason}, while the rest of it "
-                           "is not; refresh the patch without this hunk",
-                    nearest=h.nearest)
-            if h.status in there else h for h in hunks]
-
-
-class _Carry(_Run):
-    """Drift's run of a series on a target (GNU patch underneath, as the engine runs it), with
-    two differences that make it read real history as a maintainer does:
-
-      - GNU patch's verdict stands as it says it: a hunk it places at an offset, without
-        fuzz, is offset (the engine also tries such a hunk reversed, which costs a run of
-        GNU patch per hunk and can only turn a hunk that applies into an "already there");
-      - a patch that fails still lends the later patches what of it was carried: the hunks
-        GNU patch placed, the files it creates, and the hunks drift relocated (`lend`), so
-        that one failure does not fail every later patch on the same files.
-    """
-
-    @classmethod
-    @contextmanager
-    def on(cls, series: Series, root: Path) -> Iterator[_Carry]:
-        with tempfile.TemporaryDirectory(prefix="portkit-drift-", dir=_fast_tmp()) as tmp:
-            tree = Path(tmp) / "tree"
-            tree.mkdir()
-            modes = {}
-            for rel in series.paths:
-                mode = _copy_in(root / rel, tree / rel)
-                if mode is not None:
-                    modes[rel] = mode
-            run = cls(tree, Path(tmp) / "try", FUZZ_LIMIT, False, False, modes)
-            run._files = {rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None
-                          for rel in series.paths}
-            yield run
-
-    check_offsets = False  # also try an offset hunk reversed (see patch)
-    _files: dict[str, bytes | None]  # the tree's files, as carried so far
-
-    def _landed(self, f: FileDiff, hunk: Hunk, base: HunkResult, verdict: _Verdict,
-                at: int) -> HunkResult:
-        if verdict.fuzz or self.check_offsets:
-            return super()._landed(f, hunk, base, verdict, at)
-        return replace(base, status=H_OFFSET if verdict.offset else H_CLEAN,
-                       offset=verdict.offset, line=verdict.line)
-
-    def patch(self, patch: Patch) -> PatchResult:
-        before = {rel: self._files.get(rel) for rel in patch.paths}
-        result = self._patch(patch)
-        if any(h.status == ALREADY for h in result.hunks) and \
-                any(h.status == H_OFFSET for h in result.hunks):
-            # Part of the patch is there already: a hunk placed at an offset may be there
-            # too (one that adds a line GNU patch would add a second time elsewhere).
-            self.lend(before)
-            self.check_offsets = True
-            result = self._patch(patch)
-            self.check_offsets = False
-        if not result.applied and not result.problems:
-            created = [f.path for f in patch.files if f.status == "created"]
-            self.lend({rel: (self.trial / rel).read_bytes() for rel in created
-                       if (self.trial / rel).is_file()})
-        return result
-
-    def _patch(self, patch: Patch) -> PatchResult:
-        """The engine's run of one patch (_Run.patch), without emptying the try folder
-        each time: only the patch's own files are laid there, which is all GNU patch
-        reads."""
-        self.trial.mkdir(exist_ok=True)
-        lay_down(self.trial, {rel: self._files.get(rel) for rel in patch.paths})
-        result = PatchResult(patch, [], applied=False)
-        for f in patch.files:
-            self._file(patch, f, result)
-        result.applied = not result.problems and not result.failed
-        if result.applied:
-            self.lend({rel: (self.trial / rel).read_bytes() if (self.trial / rel).is_file()
-                       else None for rel in patch.paths})
-        return result
-
-    def lend(self, files: dict[str, bytes | None]) -> None:
-        """Later patches see these files so (None: absent)."""
-        lay_down(self.tree, files)
-        self._files.update(files)
-
-    def files(self) -> dict[str, bytes | None]:
-        """Every file the series touches, as carried so far (None: absent)."""
-        return dict(self._files)
 
 
 class _Target:
@@ -1340,13 +874,6 @@ def _by_scope(index: Index) -> dict[str, list[Symbol]]:
     return kept[1]
 
 
-def _bare_names(line: str) -> set[str]:
-    """The names a line uses on their own: not after `.`, `->` or `::`."""
-    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-    return {m.group(1) for m in re.finditer(r"(?<![\w.>:])([A-Za-z_]\w*)", code)
-            if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
-
-
 def _spelled(text: str) -> str:
     """A type as C++ reads it: today's names (`canonical`), without the elaborated-type
     keywords C code writes (`struct llama_model &` is `llama_model &`) and spacing."""
@@ -1366,262 +893,3 @@ def _difference(old: Symbol, new: Symbol) -> str:
     if old.kind in (FIELD, VARIABLE) and _spelled(old.returns) != _spelled(new.returns):
         return f"{old.qualname} is {new.returns} now, not {old.returns}"
     return ""
-
-
-# -- present upstream: the rules, in order ---------------------------------------------------
-
-
-@dataclass
-class Place:
-    """Where a failed hunk's change is looked for: the target's file `rel` as upstream has
-    it, within `span` lines (its `lines`), and what each presence rule reads of the hunk."""
-
-    target: _Target
-    hunk: Hunk
-    rel: str
-    span: tuple[int, int] | None
-    lines: list[str]
-
-    @cached_property
-    def flat_lines(self) -> list[str]:
-        return [flat(line) for line in self.lines]
-
-    @cached_property
-    def here(self) -> set[str]:
-        return set(self.flat_lines)
-
-    @cached_property
-    def added(self) -> list[str]:
-        return _meaningful(self.hunk.added)
-
-    @cached_property
-    def removed(self) -> list[str]:
-        return [r for r in _meaningful(self.hunk.removed) if r not in set(self.added)]
-
-    @cached_property
-    def new_names(self) -> list[str]:
-        """The names the hunk's added lines bring that its file in the base lacks."""
-        base = self.target.base
-        known = base.words.get(self.hunk.path, base.all_words)
-        return [w for w in identifiers(self.hunk.added) if w not in known]
-
-
-def added_lines_there(p: Place) -> str:
-    """Every meaningful line the hunk adds is there, and the lines it removes are gone from
-    around them (the same line may well stay elsewhere in the function)."""
-    if not p.added or not all(a in p.here for a in p.added):
-        return ""
-    wanted = set(p.added)
-    at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
-    reach = len(p.hunk.old_lines) + 2
-    near = set(p.flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
-    return "" if any(r in near for r in p.removed) else f"all {len(p.added)} added lines are there"
-
-
-def removed_lines_gone(p: Place) -> str:
-    """A hunk that only removes lines: none of them is there any more."""
-    if p.added or not p.removed or any(r in p.here for r in p.removed):
-        return ""
-    return f"the {len(p.removed)} lines it removes are gone"
-
-
-def new_names_there(p: Place) -> str:
-    """Every name the hunk brings is there (used right there; one it defines, defined
-    anywhere in the target), and no line it removes is left."""
-    if not p.new_names or any(r in p.here for r in p.removed):
-        return ""
-    words = set(_IDENT.findall("\n".join(p.lines)))
-    defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
-    index = p.target.target.index
-    if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):
-        return ""
-    return f"it has {', '.join(p.new_names[:4])}" + (" ..." if len(p.new_names) > 4 else "")
-
-
-def there_under_upstreams_names(p: Place) -> str:
-    """Every meaningful added line is there once the names the target lacks are read as
-    the akin names upstream gained (`present_renamed`), and no line it removes is left."""
-    if not p.new_names or any(r in p.here for r in p.removed):
-        return ""
-    return p.target.present_renamed(p.hunk, p.rel, p.span, p.removed)
-
-
-@dataclass(frozen=True)
-class PresenceRule:
-    name: str
-    holds: Callable[[Place], str]
-    verbatim: bool  # reads the lines as they are (skipped where only names can tell)
-
-
-# The one ordered table: the first rule that holds says why a failed hunk is upstream.
-PRESENCE_RULES: tuple[PresenceRule, ...] = (
-    PresenceRule("added lines there", added_lines_there, True),
-    PresenceRule("removed lines gone", removed_lines_gone, True),
-    PresenceRule("new names there", new_names_there, False),
-    PresenceRule("there under upstream's names", there_under_upstreams_names, False),
-)
-
-
-# -- the whole report --------------------------------------------------------------------
-
-
-@dataclass
-class DriftInput:
-    """What a drift run compares: the series, its base, and the targets (label, tree)."""
-
-    series: Series
-    series_label: str
-    base: Tree | None  # None: the targets' fork is the base, with the series reversed
-    targets: list[tuple[str, Tree]] = field(default_factory=list)
-
-
-def _patterns(series: Series) -> tuple[str, ...]:
-    return tuple(dict.fromkeys((*SCOPE, *series.paths)))
-
-
-def drift(job: DriftInput, fork: Tree | None = None) -> DriftReport:
-    """Run drift for every target; the base is `job.base`, or `fork` with the series out.
-    With a fork, its series is checked as the fork vendors llama.cpp: the sections for
-    files it does not vendor are left out (and listed once in the report), and every tree
-    is seen as the fork would vendor it (portkit.fork)."""
-    if job.base is None and fork is None:
-        raise UsageError("drift needs the tree the series was written against (--base)")
-    if fork is None:
-        return _drift(job, None)
-    with fork_scope(fork, job.series, [t for _, t in job.targets], job.base) as seen:
-        scoped = seen.scoped
-        report = _drift(DriftInput(scoped.series, job.series_label, seen.base,
-                                   [(label, view) for (label, _), view
-                                    in zip(job.targets, seen.trees, strict=True)]), fork)
-    order = [p.name for p in job.series.patches]
-    untouched = {p.name: p for p in job.series.patches if p.name in scoped.untouched}
-    targets = []
-    mine = fork.root.resolve()
-    for t, (_, tree) in zip(report.targets, job.targets, strict=True):
-        rows = {p.file: p for p in t.patches}
-        rows.update({name: PatchDrift(name, p.subject, ()) for name, p in untouched.items()})
-        targets.append(replace(t, patches=tuple(rows[n] for n in order if n in rows),
-                               own=tree.root.resolve() == mine))
-    return replace(report, targets=tuple(targets), fork=True, not_vendored=tuple(
-        NotVendored(u.patch, u.path) for u in scoped.unvendored))
-
-
-def _drift(job: DriftInput, fork: Tree | None) -> DriftReport:
-    patterns = _patterns(job.series)
-    feature = feature_of(job.series)
-    with _base_root(job, fork) as (base_root, base_pin):
-        base = Side("base", base_root, patterns, base_pin)
-        targets = []
-        for label, tree in job.targets:
-            upstream = _upstream(feature, tree) if feature else {}
-            with tree_view(tree) as root:
-                targets.append(_Target(job.series, base, Side(label, root, patterns, tree.pin),
-                                       upstream).run())
-    return DriftReport(job.series_label, tuple(targets))
-
-
-def feature_of(series: Series) -> Feature | None:
-    """The portkit feature a series was rendered from (every subject is one of its manifest's
-    patches), whose manifest then says when a patch is upstream in another form."""
-    subjects = {p.subject for p in series.patches}
-    for manifest in sorted(templates_root().glob("*/manifest.toml")):
-        feature = Feature.load(manifest.parent.name)
-        if subjects and subjects <= {spec.subject for spec in feature.manifest.patches}:
-            return feature
-    return None
-
-
-def _upstream(feature: Feature, tree: Tree) -> dict[str, str]:
-    try:
-        return upstream_patches(feature, feature.resolve(tree))
-    except PortkitError:  # the feature's anchors are not all in this tree: say nothing
-        return {}
-
-
-@contextmanager
-def _base_root(job: DriftInput, fork: Tree | None) -> Iterator[tuple[Path, str | None]]:
-    if job.base is not None:
-        with tree_view(job.base) as root:
-            yield root, job.base.pin
-        return
-    assert fork is not None
-    with reversed_base(job.series, fork) as root:
-        yield root, fork.pin
-
-
-# -- one patch at a time (for rebase) -----------------------------------------------------
-
-
-class Follow:
-    """Drift one patch at a time on a target whose patched files the caller keeps (how
-    rebase carries a series): each patch classified as drift classifies it, on the files as
-    the caller's earlier patches left them, and each hunk it relocates with its landing."""
-
-    def __init__(self, target: _Target) -> None:
-        self._target = target
-        target.follow_lines = True
-
-    @property
-    def base(self) -> Side:
-        return self._target.base
-
-    @property
-    def target(self) -> Side:
-        return self._target.target
-
-    def patch(self, presult: PatchResult, current: dict[str, bytes | None]) -> PatchDrift:
-        """Drift of the patch the engine ran as `presult` on `current` (the caller's files
-        by path; a file not in it is the target's own)."""
-        self._target.current = current
-        self._target.landings.clear()
-        return self._target.patch(presult)
-
-    def semantic(self, patch: Patch) -> list[SemanticChange]:
-        """The symbols the patch's added lines use that changed between base and target."""
-        return self._target.semantic(patch)
-
-    def look_at(self, current: dict[str, bytes | None]) -> None:
-        """Take `current` (the caller's files by path) as the target's files from now on."""
-        self._target.current = current
-
-    def landing(self, hunk: Hunk) -> Landing | None:
-        """Where the last patch's hunk went, when drift relocated it."""
-        return self._target.landings.get(_hunk_key(hunk))
-
-    def home(self, hunk: Hunk) -> tuple[str, int, int, str] | None:
-        """Where what the hunk's symbol in the base became is, in the target's file as the
-        earlier patches left it: (file, first line, last line, qualified name); None when
-        the hunk is between definitions or its symbol was not found."""
-        t = self._target
-        sym = t.base_symbol(hunk)
-        cand = t.located(sym)[0] if sym is not None else None
-        if cand is None:
-            return None
-        ts = cand.symbol
-        return ts.file, t._line_now(ts.file, ts.start_line), t._line_now(ts.file, ts.end_line), \
-            ts.qualname
-
-    def relocate(self, hunk: Hunk) -> Landing | None:
-        """The hunk carried into what its symbol in the base became, as drift relocates a
-        hunk whose context is gone (when it can)."""
-        t = self._target
-        sym = t.base_symbol(hunk)
-        cand = t.located(sym)[0] if sym is not None else None
-        if sym is None or cand is None or t.relocate(hunk, sym, cand.symbol) is None:
-            return None
-        return t.landings.get(_hunk_key(hunk))
-
-
-@contextmanager
-def follow(series: Series, base: Tree | None, target: Tree, label: str,
-           fork: Tree | None = None) -> Iterator[Follow]:
-    """A Follow of `series` on `target`; the base is `base`, or `fork` with the series out."""
-    if base is None and fork is None:
-        raise UsageError("the tree the series was written against is needed (--base)")
-    patterns = _patterns(series)
-    feature = feature_of(series)
-    upstream = _upstream(feature, target) if feature else {}
-    with _base_root(DriftInput(series, label, base), fork) as (base_root, base_pin), \
-            tree_view(target) as root:
-        yield Follow(_Target(series, Side("base", base_root, patterns, base_pin),
-                             Side(label, root, patterns, target.pin), upstream))

@@ -1,10 +1,10 @@
-"""The line merge (portkit/merge.py): git's three-way merge of one file, and the conflicts it
+"""The line merge (portkit/follow/text.py): git's three-way merge of one file, and the conflicts it
 leaves that the text itself orders. Each rule has a case where it settles the block and one
 where it must not."""
 
 from __future__ import annotations
 
-from portkit.merge import ALREADY, BESIDE, SAME_POINT, merge, merge3, without_conflicts
+from portkit.follow.text import ALREADY, BESIDE, SAME_POINT, merge, merge3, without_conflicts
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 13))
 

@@ -1,0 +1,22 @@
+"""Follow a hunk from base to target: the one engine `drift` and `rebase` both consume.
+
+Text first, structure only where text fails (mergiraf's order):
+
+  text       the line merge: git merge-file, and the conflicts whose order the text gives
+             (portkit.follow.text); GNU patch's placement of each hunk, in series order
+             (sequence);
+  sides      the base and the target as the engine reads them (sides), their words
+             (words);
+  target     a hunk that text does not place, followed into the target: located, relocated
+             in the target's names (relocate), found there already by one of the ordered
+             presence rules (presence), or its nearest match; semantic drift (target);
+  session    the engine one patch at a time for rebase (session).
+"""
+
+from portkit.follow.sequence import FUZZ_LIMIT
+from portkit.follow.session import Follow, follow
+from portkit.follow.sides import DriftInput, Side, feature_of, reversed_base, tree_view
+from portkit.follow.words import identifiers
+
+__all__ = ["FUZZ_LIMIT", "DriftInput", "Follow", "Side", "feature_of", "follow", "identifiers",
+           "reversed_base", "tree_view"]

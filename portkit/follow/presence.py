@@ -1,0 +1,111 @@
+"""Present upstream: the rules, in one ordered table. Each reads a `Place` (the target's
+file, where the failed hunk's change is looked for) and says why the change is there, or
+"". Only for a hunk that does not apply as text: none overrules one that does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from portkit.follow.words import _IDENT, _defines, _meaningful, identifiers
+from portkit.index import (
+    flat,
+)
+from portkit.series import Hunk
+
+if TYPE_CHECKING:
+    from portkit.follow.target import _Target
+
+
+@dataclass
+class Place:
+    """Where a failed hunk's change is looked for: the target's file `rel` as upstream has
+    it, within `span` lines (its `lines`), and what each presence rule reads of the hunk."""
+
+    target: _Target
+    hunk: Hunk
+    rel: str
+    span: tuple[int, int] | None
+    lines: list[str]
+
+    @cached_property
+    def flat_lines(self) -> list[str]:
+        return [flat(line) for line in self.lines]
+
+    @cached_property
+    def here(self) -> set[str]:
+        return set(self.flat_lines)
+
+    @cached_property
+    def added(self) -> list[str]:
+        return _meaningful(self.hunk.added)
+
+    @cached_property
+    def removed(self) -> list[str]:
+        return [r for r in _meaningful(self.hunk.removed) if r not in set(self.added)]
+
+    @cached_property
+    def new_names(self) -> list[str]:
+        """The names the hunk's added lines bring that its file in the base lacks."""
+        base = self.target.base
+        known = base.words.get(self.hunk.path, base.all_words)
+        return [w for w in identifiers(self.hunk.added) if w not in known]
+
+
+def added_lines_there(p: Place) -> str:
+    """Every meaningful line the hunk adds is there, and the lines it removes are gone from
+    around them (the same line may well stay elsewhere in the function)."""
+    if not p.added or not all(a in p.here for a in p.added):
+        return ""
+    wanted = set(p.added)
+    at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
+    reach = len(p.hunk.old_lines) + 2
+    near = set(p.flat_lines[max(min(at) - reach, 0):max(at) + reach + 1])
+    return "" if any(r in near for r in p.removed) else f"all {len(p.added)} added lines are there"
+
+
+def removed_lines_gone(p: Place) -> str:
+    """A hunk that only removes lines: none of them is there any more."""
+    if p.added or not p.removed or any(r in p.here for r in p.removed):
+        return ""
+    return f"the {len(p.removed)} lines it removes are gone"
+
+
+def new_names_there(p: Place) -> str:
+    """Every name the hunk brings is there (used right there; one it defines, defined
+    anywhere in the target), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    words = set(_IDENT.findall("\n".join(p.lines)))
+    defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
+    index = p.target.target.index
+    if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):
+        return ""
+    return f"it has {', '.join(p.new_names[:4])}" + (" ..." if len(p.new_names) > 4 else "")
+
+
+def there_under_upstreams_names(p: Place) -> str:
+    """Every meaningful added line is there once the names the target lacks are read as
+    the akin names upstream gained (`present_renamed`), and no line it removes is left."""
+    if not p.new_names or any(r in p.here for r in p.removed):
+        return ""
+    return p.target.present_renamed(p.hunk, p.rel, p.span, p.removed)
+
+
+@dataclass(frozen=True)
+class PresenceRule:
+    name: str
+    holds: Callable[[Place], str]
+    verbatim: bool  # reads the lines as they are (skipped where only names can tell)
+
+
+# The one ordered table: the first rule that holds says why a failed hunk is upstream.
+PRESENCE_RULES: tuple[PresenceRule, ...] = (
+    PresenceRule("added lines there", added_lines_there, True),
+    PresenceRule("removed lines gone", removed_lines_gone, True),
+    PresenceRule("new names there", new_names_there, False),
+    PresenceRule("there under upstream's names", there_under_upstreams_names, False),
+)

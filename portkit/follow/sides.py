@@ -1,0 +1,177 @@
+"""The two sides a hunk is followed between: the base (the tree the series was written
+against, or a fork's vendored tree with its series reversed) and a target, each a `Side`
+(its files, index and words, read as git sees them); what is compared (`DriftInput`),
+which files are looked at, and what a feature's manifest says upstream has.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from portkit.cache import lay_down, read_entry
+from portkit.errors import ApplyConflict, PortkitError
+from portkit.features import Feature, templates_root
+from portkit.follow.words import _IDENT, _tokens
+from portkit.hunks import (
+    apply_hunks,
+)
+from portkit.index import (
+    Index,
+    flat,
+)
+from portkit.render import upstream_patches
+from portkit.series import Series
+from portkit.tree import Tree
+
+# What drift indexes of a tree (relative to the llama.cpp root, as a series' paths are):
+# llama.cpp's sources and headers and ggml's public headers and core sources, where the
+# symbols a fork's patches use are defined. Files a series touches are added to these.
+SCOPE = ("src/**/*.h", "src/**/*.cpp", "include/*.h", "common/*.h", "ggml/include/*.h",
+         "ggml/src/*.h", "ggml/src/*.c", "ggml/src/*.cpp", "ggml/src/ggml-cpu/*.h",
+         "ggml/src/ggml-cpu/*.c", "ggml/src/ggml-cpu/*.cpp")
+
+
+@dataclass
+class Side:
+    """A tree as drift reads it: the folder whose paths the series names (a fork's vendored
+    llama.cpp and ggml seen as one llama.cpp tree), and its index."""
+
+    label: str
+    root: Path
+    patterns: tuple[str, ...]
+    pin: str | None = None
+    _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _tokens: dict[str, list[list[str]]] = field(default_factory=dict, repr=False)
+    _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def index(self) -> Index:
+        return Index.build(self.root, self.patterns)
+
+    def text(self, rel: str) -> str | None:
+        """The file as git sees it: a symbolic link is its target's name, never the file it
+        points to (which may be outside the tree: its text must not reach a report)."""
+        found = read_entry(self.root / rel)
+        return found[0].decode("utf-8", errors="surrogateescape") if found else None
+
+    def flat_lines(self, rel: str) -> list[str]:
+        """The file's lines without layout and comments (cached: many hunks search one)."""
+        if rel not in self._flat:
+            text = self.text(rel)
+            self._flat[rel] = [flat(x) for x in text.splitlines()] if text is not None else []
+        return self._flat[rel]
+
+    def file_words(self, rel: str) -> frozenset[str]:
+        """The names used in one file (as `words`, without reading every file)."""
+        if "words" in self.__dict__:
+            return self.words.get(rel, frozenset())
+        if rel not in self._file_words:
+            text = self.text(rel)
+            self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
+        return self._file_words[rel]
+
+    def token_lines(self, rel: str) -> list[list[str]]:
+        """The file's lines as tokens (cached, like flat_lines)."""
+        if rel not in self._tokens:
+            text = self.text(rel)
+            self._tokens[rel] = [_tokens(x) for x in text.splitlines()] if text else []
+        return self._tokens[rel]
+
+    @cached_property
+    def words(self) -> dict[str, frozenset[str]]:
+        """The names used in each indexed file (for "is this name new?")."""
+        return {rel: frozenset(_IDENT.findall(self.index.source(rel).decode(
+                    "utf-8", errors="replace"))) for rel in self.index.files}
+
+    @cached_property
+    def all_words(self) -> frozenset[str]:
+        return frozenset().union(*self.words.values()) if self.words else frozenset()
+
+
+@contextmanager
+def tree_view(tree: Tree) -> Iterator[Path]:
+    """The tree's llama.cpp root as a series sees it. A fork that vendors ggml apart
+    (ml/backend/ggml/ggml beside llama/llama.cpp) is shown as one tree, ggml/ included,
+    through symbolic links in a temporary folder; the tree itself is only read."""
+    if (tree.llama_root / "ggml").exists() or not tree.ggml_root.is_dir():
+        yield tree.llama_root
+        return
+    with tempfile.TemporaryDirectory(prefix="portkit-view-") as tmp:
+        view = Path(tmp)
+        for entry in tree.llama_root.iterdir():
+            (view / entry.name).symlink_to(entry)
+        (view / "ggml").symlink_to(tree.ggml_root)
+        yield view
+
+
+@contextmanager
+def reversed_base(series: Series, tree: Tree) -> Iterator[Path]:
+    """The tree a fork's series was written against: its vendored tree with the series taken
+    out (the engine reverse-applies it, last patch first, in a scratch copy)."""
+    with tree_view(tree) as view, apply_hunks(series, view, reverse=True, exact=True) as back:
+        if not back.ok:
+            first = next(h for h in back.hunks if not h.landed)
+            raise ApplyConflict(f"the series does not come out of {tree.root} cleanly "
+                               f"({first.patch}: {first.describe()}); give the base with --base")
+        with tempfile.TemporaryDirectory(prefix="portkit-base-") as tmp:
+            base = Path(tmp)
+            for rel in _scope_files(view, SCOPE):
+                (base / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(view / rel, base / rel)
+            lay_down(base, back.files)
+            yield base
+
+
+def _scope_files(root: Path, patterns: Iterable[str]) -> list[str]:
+    found = {p.relative_to(root).as_posix() for pattern in patterns for p in root.glob(pattern)
+             if p.is_file()}
+    return sorted(found)
+
+
+@dataclass
+class DriftInput:
+    """What a drift run compares: the series, its base, and the targets (label, tree)."""
+
+    series: Series
+    series_label: str
+    base: Tree | None  # None: the targets' fork is the base, with the series reversed
+    targets: list[tuple[str, Tree]] = field(default_factory=list)
+
+
+def _patterns(series: Series) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*SCOPE, *series.paths)))
+
+
+def feature_of(series: Series) -> Feature | None:
+    """The portkit feature a series was rendered from (every subject is one of its manifest's
+    patches), whose manifest then says when a patch is upstream in another form."""
+    subjects = {p.subject for p in series.patches}
+    for manifest in sorted(templates_root().glob("*/manifest.toml")):
+        feature = Feature.load(manifest.parent.name)
+        if subjects and subjects <= {spec.subject for spec in feature.manifest.patches}:
+            return feature
+    return None
+
+
+def _upstream(feature: Feature, tree: Tree) -> dict[str, str]:
+    try:
+        return upstream_patches(feature, feature.resolve(tree))
+    except PortkitError:  # the feature's anchors are not all in this tree: say nothing
+        return {}
+
+
+@contextmanager
+def _base_root(job: DriftInput, fork: Tree | None) -> Iterator[tuple[Path, str | None]]:
+    if job.base is not None:
+        with tree_view(job.base) as root:
+            yield root, job.base.pin
+        return
+    assert fork is not None
+    with reversed_base(job.series, fork) as root:
+        yield root, fork.pin
