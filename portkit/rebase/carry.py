@@ -1,246 +1,55 @@
-"""Rebase: carry a patch series onto a newer tree, patch by patch, and say what is left.
-
-Each patch goes, in order, onto the target as the patches carried before it left it (a
-working copy of the files they touch; the base gets the whole series the same way). Drift
-(portkit.drift) says how each hunk fares there; the engine (portkit.hunks, GNU patch), git
-apply and git's 3-way merge make the bytes, one hunk at a time. A patch is
-
-  unchanged     every hunk applies as it is, at most some lines away, inside what its
-                function became: the same change, its diff made again on the target;
-  merged        `git merge-file` of the target's file, the base file as the earlier patches
-                left it, and the same with the hunk, is clean: context that changed around
-                it, or a hunk the target already has verbatim (carried without it);
-  relocated     a hunk went where drift followed its code (renamed, moved, another file),
-                re-expressed in the target's names;
-  dropped       the target has the change already (drift's present-upstream or
-                already-applied: where is said);
-  needs-human   nothing safe: the patch is left out of the series, and the side file
-                needs-human/<patch>.conflict holds both sides, the nearest match and why;
-  needs-review  carried, but a reviewer must look: a symbol its added code uses changed
-                (drift's semantic check), a hunk landed only by ignoring context (fuzz) or
-                by a guess, a hunk was left out as upstream's in another form, it uses a name
-                that a patch left out brings, or (--compile) it does not compile.
-
-GNU patch's word is never taken alone: it misplaces hunks, with fuzz and without (the same
-context twice). A hunk that needs fuzz is merged 3-way when the base file is known, else
-carried for review; one whose context is found whole must land in what its function
-became.
-
-The carried series keeps every patch's mail (From, Date, Subject, body), file name and the
-series' conventions (portkit.series); its diffs are git's (`git diff --no-index`, sealed from
-the user's configuration), with `index` lines and function headings where the series has
-them. Nothing is written until the whole series has been carried, and then all at once.
-
-In an ollama-style fork, `plan_fork` and `move_fork` move the fork itself: its vendored
-files refreshed from the target under its rsync rules, its pin, its series; one transaction.
+"""One patch carried onto the target as the earlier ones left it (`_Carrier.carry`): text
+first, as `git am -3` carries it (git apply, else each file merged three ways, a file
+upstream moved followed by git's rename rule, the conflicts text orders settled by
+portkit.follow.text); structure only where text cannot (drift's follow engine: relocation
+in the target's names, present-upstream); the evidence a reviewer needs added as notes;
+the side file of a patch that needs a human.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from portkit.anchors import aliases_of
-from portkit.apply import refuse_uncommitted
 from portkit.cache import lay_down, read_entry
 from portkit.drift import model as dm
-from portkit.errors import ApplyConflict, ToolMissing, TreeError, UsageError
-from portkit.follow import FUZZ_LIMIT, Follow, follow, identifiers, tree_view
+from portkit.follow import FUZZ_LIMIT, Follow, identifiers
 from portkit.follow.text import ALREADY as THERE_ALREADY
 from portkit.follow.text import BESIDE, SAME_POINT, merge, merge3
-from portkit.fork import (  # noqa: F401  (FILTER, Rule, read_filter, sent: re-exported)
-    FILTER,
-    Rule,
-    Scoped,
-    Vendoring,
-    deleted,
-    fork_scope,
-    not_vendored_line,
-    put_back,
-    read_filter,
-    sent,
-)
-from portkit.fork import files as _files
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
-from portkit.proc import git, run
+from portkit.proc import git
+from portkit.rebase.report import (
+    DROPPED,
+    MERGED,
+    NEEDS_HUMAN,
+    NEEDS_REVIEW,
+    RELOCATED,
+    STATUSES,
+    UNCHANGED,
+)
 from portkit.series import (
     REGULAR,
     FileDiff,
     Hunk,
     Patch,
     Series,
-    Unreadable,
-    git_diff,
     parse_patch,
     quote_path,
-    read_series,
 )
-from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
-from portkit.tree import OLLAMA, Tree, pin_matches
-
-SCHEMA = "portkit-rebase/2"
-
-UNCHANGED = "unchanged"
-MERGED = "merged"
-RELOCATED = "relocated"
-DROPPED = "dropped"
-NEEDS_HUMAN = "needs-human"
-NEEDS_REVIEW = "needs-review"
-STATUSES = (UNCHANGED, MERGED, RELOCATED, DROPPED, NEEDS_HUMAN, NEEDS_REVIEW)
-ATTENTION = (NEEDS_HUMAN, NEEDS_REVIEW)
-ATTENTION_EXIT = dm.ATTENTION_EXIT  # as drift: the series needs a person, portkit ran fine
-CONFLICTS = "needs-human"  # the side files' folder in --out
-FORMATS = ("table", "json", "markdown")
 
 _THERE = (dm.ALREADY_APPLIED, dm.PRESENT_UPSTREAM)
+
+
 _HEADING = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@).*$", re.M)
+
+
 _INDEX = re.compile(r"^index [0-9a-f]+\.\.([0-9a-f]+)", re.M)
-
-
-# -- the report ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RebasedPatch:
-    """One patch of the series on the target: what became of it and why."""
-
-    file: str
-    subject: str
-    status: str
-    reason: str
-    output: str | None  # its file name in the carried series; None when left out
-    conflict: str | None = None  # the side file (relative to --out) of a needs-human patch
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
-
-
-@dataclass(frozen=True)
-class RebaseReport:
-    """The series carried onto one target, patches in series order."""
-
-    series: str
-    base: str | None  # the base's pin
-    target: str
-    pin: str | None  # the target's pin
-    patches: tuple[RebasedPatch, ...]
-    fork: bool = False  # a fork's series: a dropped patch leaves it, and needs attention
-    not_vendored: tuple[tuple[str, str], ...] = ()  # (patch, file): sections not checked
-
-    @property
-    def summary(self) -> dict[str, int]:
-        counts = Counter(p.status for p in self.patches)
-        return {s: counts[s] for s in STATUSES}
-
-    def needs_attention(self, p: RebasedPatch) -> bool:
-        """A patch needs a human or a review; in a fork, also a patch it drops."""
-        return p.status in ATTENTION or (self.fork and p.status == DROPPED)
-
-    @property
-    def attention(self) -> list[RebasedPatch]:
-        return [p for p in self.patches if self.needs_attention(p)]
-
-    @property
-    def exit_code(self) -> int:
-        """ATTENTION_EXIT when a patch needs attention, else 0."""
-        return ATTENTION_EXIT if self.attention else 0
-
-    @property
-    def not_vendored_line(self) -> str | None:
-        if not self.not_vendored:
-            return None
-        files = sorted({f for _, f in self.not_vendored})
-        return f"{not_vendored_line(len(self.not_vendored))} ({', '.join(files)})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "series": self.series, "base": self.base,
-                "target": self.target, "pin": self.pin, "fork": self.fork,
-                "summary": self.summary,
-                "attention": [p.file for p in self.attention],
-                "not_vendored": [{"patch": p, "file": f} for p, f in self.not_vendored],
-                "patches": [{"file": p.file, "subject": p.subject, "status": p.status,
-                             "reason": p.reason, "output": p.output, "conflict": p.conflict}
-                            for p in self.patches]}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-
-@dataclass
-class Rebased:
-    """A finished rebase: the report, the carried series and the side files (by path
-    relative to --out), ready to be written."""
-
-    report: RebaseReport
-    series: Series
-    side_files: dict[str, bytes] = field(default_factory=dict)
-    # the target's files the carried series changes, as it leaves them (by series path)
-    carried: dict[str, bytes | None] = field(default_factory=dict)
-
-    def files(self) -> dict[str, bytes]:
-        """Every file of --out, by relative path."""
-        out = {p.name: p.data for p in self.series.patches}
-        if self.series.kind == "quilt":
-            out["series"] = "".join(
-                p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
-                for p in self.series.patches).encode("utf-8", "surrogateescape")
-        return {**out, **self.side_files}
-
-
-def render(report: RebaseReport, fmt: str) -> str:
-    """The report as text: table, json or markdown."""
-    if fmt == "json":
-        return report.to_json()
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
-    counts = ", ".join(f"{n} {s}" for s, n in report.summary.items() if n)
-    title = (f"{report.series} onto {report.target}"
-             + (f" ({report.pin[:12]})" if report.pin else "") + f": {counts}")
-    attention = report.attention
-    notes = [f"{len(attention)} patch{'es' if len(attention) != 1 else ''} need"
-             f"{'s' if len(attention) == 1 else ''} attention"
-             + (f": {', '.join(p.file for p in attention)}" if attention else "")]
-    if report.fork and any(p.status == DROPPED for p in report.patches):
-        notes.append("in a fork a dropped patch needs attention: its file leaves "
-                     "llama/patches with the move")
-    if report.not_vendored_line:
-        notes.append(report.not_vendored_line)
-    mark = {True: "!", False: " "}
-    if fmt == "markdown":
-        lines = [f"### portkit rebase: {_md(title)}", "",
-                 "| # | patch | status | attention | output | reason |",
-                 "|---|---|---|---|---|---|"]
-        lines += [f"| {i} | `{_md(p.file)}` | {p.status} | "
-                  f"{'yes' if report.needs_attention(p) else '-'} | "
-                  f"{'`' + _md(p.output) + '`' if p.output else '-'} | "
-                  f"{_md(p.reason)}{' (`' + _md(p.conflict) + '`)' if p.conflict else ''} |"
-                  for i, p in enumerate(report.patches, 1)]
-        lines += [""] + [f"{_md(n)}." for n in notes]
-        return "\n".join(lines) + "\n"
-    width = max((len(p.file) for p in report.patches), default=5)
-    lines = [title, ""]
-    lines += [f"{i:>3} {mark[report.needs_attention(p)]}{p.file:<{width}}  {p.status:<12}  "
-              f"{p.reason}" for i, p in enumerate(report.patches, 1)]
-    lines += [""] + notes
-    return "\n".join(lines) + "\n"
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-# -- working copies ------------------------------------------------------------------------
 
 
 class _Copy:
@@ -283,15 +92,14 @@ class _Copy:
         lay_down(self.root, {rel: data}, {rel: self.modes.get(rel, REGULAR)})
 
 
-# -- git's tools, sealed -------------------------------------------------------------------
-
-
 def git_apply(root: Path, patch: bytes, room: Path, strip: int = 1) -> bool:
     """`git apply` of `patch` to the files under `root` (no repository); whether it did."""
     return git_apply_at(root, patch, room, strip) is not None
 
 
 _CHECKING = re.compile(r"^Checking patch (.+?)(?: => .+?)?\.\.\.$")
+
+
 _SUCCEEDED = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.$")
 
 
@@ -330,9 +138,6 @@ def _style(series: Series) -> tuple[int, bool]:
     lengths = Counter(len(m.group(1)) for p in series.patches for m in _INDEX.finditer(p.diff))
     headings = any(h.section for p in series.patches for h in p.hunks)
     return (lengths.most_common(1)[0][0] if lengths else 7), headings
-
-
-# -- one patch ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -1026,511 +831,3 @@ def _conflict_blocks(merged: bytes, context: int = 3) -> list[str]:
         out += [f"@ line {lo + 1}", *lines[lo:hi], ""]
         i = end + 1
     return out
-
-
-# -- the whole series -----------------------------------------------------------------------
-
-
-def _written(patch: Patch, diff: str) -> Patch:
-    """The patch with `diff` for its diff, written as the patch itself is written: the same
-    mail or preamble byte for byte, its diffstat made again where it has one, `index` lines
-    only where it has them, the same signature and line ends (Patch.with_diff)."""
-    return patch.with_diff(diff)
-
-
-def base_spec(spec: str, target: Path | None = None) -> str:
-    """--base as `portkit tree fetch` takes it; or, when the target is a local git checkout
-    and `spec` names no tree, a commit of that repository (as git:REPO@COMMIT)."""
-    if target is None or Path(spec).is_dir() or spec.startswith(("pypi:", "git:")) \
-            or not (target / ".git").exists():
-        return spec
-    found = git(["rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"], cwd=target,
-                check=False)
-    return f"git:{target.resolve()}@{found.stdout.strip()}" if found.returncode == 0 else spec
-
-
-def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
-           series_label: str = "series", target_label: str = "target") -> Rebased:
-    """Carry `series` (written against `base`, or against `fork` with the series taken out)
-    onto `target`. Nothing is written: see write_rebased. With `fork`, the series is
-    carried as the fork vendors llama.cpp (portkit.fork): the sections for files it does not
-    vendor are not checked and go back into each carried patch unchanged, every tree is seen
-    as the fork would vendor it, and a dropped patch needs attention."""
-    abbrev, headings = _style(series)
-    with ExitStack() as stack:
-        scoped: Scoped | None = None
-        if fork is not None:
-            seen = stack.enter_context(fork_scope(fork, series, [target], base))
-            scoped, (view,), base_view = seen.scoped, seen.trees, seen.base
-        lead = stack.enter_context(follow(
-            scoped.series if scoped else series, base_view if scoped else base,
-            view if scoped else target, target_label, fork))
-        tmp = stack.enter_context(_scratch("portkit-rebase-"))
-        carrier = _Carrier(lead, tmp)
-        rows: list[RebasedPatch] = []
-        carried: list[Patch] = []
-        side: dict[str, bytes] = {}
-        kept: dict[str, bytes] = {}
-        mine = {p.name: p for p in scoped.series.patches} if scoped else {}
-        for patch in series.in_order():
-            if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
-                kept[patch.name] = patch.data
-                rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
-                                         f"it cannot be read: {patch.reason}", patch.name))
-                continue
-            original, away = patch, scoped.left_out.get(patch.name, []) if scoped else []
-            if scoped is not None and patch.name in scoped.untouched:
-                carried.append(patch)  # nothing of it is vendored: kept as it is
-                rows.append(RebasedPatch(patch.name, patch.subject, UNCHANGED,
-                                         "it touches only files this fork does not vendor: "
-                                         "not checked, kept as it is", patch.name))
-                continue
-            patch = mine.get(patch.name, patch)
-            had = dict(carrier.work.files)
-            had_modes = dict(carrier.work.modes)
-            outcome = carrier.carry(patch)
-            if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
-                                             and not outcome.after):
-                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
-                    if outcome.status == NEEDS_HUMAN else None
-                if name is not None:
-                    side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
-                rows.append(RebasedPatch(patch.name, patch.subject, outcome.status,
-                                         outcome.reason, None, name))
-                continue
-            before = {rel: had[rel] if rel in had else carrier.work.original(rel)
-                      for rel in outcome.after}
-            before_modes = {rel: had_modes[rel] if rel in had_modes
-                            else carrier.work.original_mode(rel) for rel in outcome.after}
-            after_modes = {rel: outcome.modes.get(rel, before_modes[rel])
-                           for rel in outcome.after}
-            diff = git_diff(before, outcome.after, abbrev=patch.conventions.abbrev or abbrev,
-                            prefix=patch.strip != 0, modes=(before_modes, after_modes),
-                            renames=any(f.rename_from for f in patch.files))
-            if not headings:
-                diff = _HEADING.sub(r"\1", diff)
-            if not diff:
-                rows.append(RebasedPatch(patch.name, patch.subject, DROPPED,
-                                         f"it changes nothing on the target ({outcome.reason})",
-                                         None))
-                continue
-            if away:  # the sections for files the fork does not vendor, as they were
-                diff = put_back(diff, original, away)
-            carried.append(_written(original, diff))
-            name = None
-            if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
-                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
-                side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
-            rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
-                                     patch.name, name))
-        changed = {rel: data for rel, data in carrier.work.files.items()
-                   if data != carrier.work.original(rel)}
-    report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
-                          target_label, target.pin, tuple(rows), fork=fork is not None,
-                          not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
-                          if scoped else ())
-    out = Series(series.folder, series.kind, tuple(carried), series.conventions)
-    return Rebased(report, out, {**kept, **side}, changed)
-
-
-@contextmanager
-def _scratch(prefix: str) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        yield Path(tmp)
-
-
-def write_rebased(rebased: Rebased, out: Path) -> None:
-    """Write the carried series and the side files to `out` (absent or empty) all at once:
-    they are made in a hidden sibling and renamed into place."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out} exists and is not an empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.portkit-"))
-    try:
-        for rel, data in rebased.files().items():
-            path = tmp / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-# -- a fork: its vendored tree moved onto the target ------------------------------------------
-#
-# An ollama-style fork vendors llama.cpp in llama/llama.cpp and ggml in ml/backend/ggml/ggml,
-# each refreshed from upstream by rsync with the fork's own rules (.rsync-filter in each
-# folder), pins upstream in Makefile.sync (FETCH_HEAD) and keeps its series in llama/patches.
-
-_FETCH_HEAD = re.compile(r"^(\s*FETCH_HEAD\s*[:?]?=\s*)([0-9a-fA-F]{7,40})(\s*)$", re.M)
-_LLAMA_COMMIT = re.compile(r'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
-
-
-# (Imports of this part are made where they are used: the top of the module belongs to the
-# carrier above.)
-#
-# What a move reads of a fork (relative to its root): its plan is made from a private copy of
-# these, and the fork must still hold exactly that copy, under its lock, when it is written.
-_FORK_FILES = ("Makefile.sync", "llama/build-info.cpp")
-_FORK_FOLDERS = ("llama/llama.cpp", "llama/patches", "ml/backend/ggml/ggml")
-
-
-def fork_state(root: Path) -> dict[str, str]:
-    """What a move of the fork at `root` depends on: every file (sha256) and symbolic link
-    (its target) of its pin files, vendored folders and series, without following links."""
-    return _fork_copy(root, None)
-
-
-def _fork_copy(root: Path, into: Path | None) -> dict[str, str]:
-    """fork_state(root); with `into`, those very bytes copied there as well (one read)."""
-    from portkit.transaction import sha256
-
-    state: dict[str, str] = {}
-
-    def take(rel: str) -> None:
-        path = root / rel
-        if path.is_symlink():
-            state[rel] = "link " + os.readlink(path)
-            if into is not None:
-                (into / rel).parent.mkdir(parents=True, exist_ok=True)
-                (into / rel).symlink_to(os.readlink(path))
-        elif path.is_file():
-            data = path.read_bytes()
-            state[rel] = sha256(data)
-            if into is not None:
-                (into / rel).parent.mkdir(parents=True, exist_ok=True)
-                (into / rel).write_bytes(data)
-
-    for rel in _FORK_FILES:
-        take(rel)
-    for top in _FORK_FOLDERS:
-        if (root / top).is_symlink():
-            take(top)
-            continue
-        for folder, dirs, names in os.walk(root / top):
-            here = Path(folder).relative_to(root).as_posix()
-            dirs[:] = sorted(d for d in dirs if d != ".git")
-            for name in [*dirs, *sorted(names)]:
-                rel = f"{here}/{name}"
-                if name in names or (root / rel).is_symlink():
-                    take(rel)
-            if into is not None:
-                (into / here).mkdir(parents=True, exist_ok=True)
-    return state
-
-
-@dataclass
-class ForkMove:
-    """What `rebase --onto` does to a fork, all in one transaction: the vendored files
-    refreshed from the target with the carried series, the new pin, the new series.
-    `state` is the fork as the plan read it (fork_state): the move is only written onto
-    exactly that fork."""
-
-    fork: Tree
-    rebased: Rebased
-    pin: str
-    changes: list[Write | Delete] = field(default_factory=list)
-    state: dict[str, str] = field(default_factory=dict)
-    # how it was planned, to plan it again on the fork as it is once the lock is taken
-    target: Tree | None = None
-    base: Tree | None = None
-    target_label: str = "target"
-    compiled: bool = False  # compile_check was run on the carried series
-
-    @property
-    def blocked(self) -> list[RebasedPatch]:
-        """The patches that need a human: the fork is not moved while there are any."""
-        return [p for p in self.rebased.report.patches if p.status == NEEDS_HUMAN]
-
-    def describe(self) -> str:
-        """The plan, one line per change (for --dry-run), then the patches the move drops
-        from the series and what holds it back."""
-        old = self.fork.pin or "?"
-        lines = [f"move {self.fork.root} from {old[:12]} to {self.pin[:12]}:"]
-        lines += [f"  {'write' if isinstance(c, Write) else 'delete'} {c.rel}"
-                  for c in self.changes]
-        dropped = [p for p in self.rebased.report.patches if p.status == DROPPED]
-        folder = (self.fork.series_dir.relative_to(self.fork.root).as_posix()
-                  if self.fork.series_dir else "llama/patches")
-        if dropped:
-            lines.append(f"dropped from {folder} with the move ({len(dropped)}):")
-            lines += [f"  {folder}/{p.file}: {p.reason}" for p in dropped]
-        review = [p for p in self.rebased.report.patches if p.status == NEEDS_REVIEW]
-        if review:
-            lines.append(f"carried for review ({len(review)}): "
-                         + ", ".join(p.file for p in review))
-        if self.blocked:
-            lines.append(f"blocked: {len(self.blocked)} patch(es) need a human: "
-                         + ", ".join(p.file for p in self.blocked))
-        return "\n".join(lines) + "\n"
-
-
-def refuse_self_target(fork: Tree, target: Tree, label: str = "target") -> None:
-    """A fork is not moved onto itself: a target that is the fork (or a folder of it), or
-    that is at the fork's own pin (its base), is a bad --onto (UsageError)."""
-    mine, theirs = fork.root.resolve(), target.root.resolve()
-    if theirs == mine or theirs.is_relative_to(mine) or mine.is_relative_to(theirs):
-        raise UsageError(f"--onto {label} is the fork itself ({mine}): give the newer "
-                         f"llama.cpp tree to move it onto")
-    if fork.pin and target.pin and pin_matches(fork.pin, target.pin):
-        raise UsageError(f"--onto {label} is at llama.cpp {target.pin[:12]}, the fork's own "
-                         f"pin ({fork.pin_source}): nothing to move it onto")
-
-
-def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
-              target_label: str = "target") -> ForkMove:
-    """Carry the fork's series onto `target` (its base: `base`, else the fork with the series
-    taken out) and plan the move. Nothing is written: see move_fork. The plan is made from a
-    private copy of what it reads of the fork, and remembers it (ForkMove.state)."""
-    if fork.layout != OLLAMA or fork.series_dir is None:
-        raise UsageError(f"{fork.root} is not an ollama-style fork with llama/patches "
-                         "(give the series with --series)")
-    from portkit.errors import TreeError
-    from portkit.tree import detect
-
-    refuse_self_target(fork, target, target_label)
-    if target.pin is None or not re.fullmatch(r"[0-9a-fA-F]{7,40}", target.pin):
-        raise TreeError(f"the commit of {target.root} is not known: the fork's pin cannot "
-                           "be moved to it (give a git target)")
-    with _scratch("portkit-fork-") as tmp:
-        state = _fork_copy(fork.root, tmp / "fork")
-        copy = detect(tmp / "fork")
-        if copy.layout != OLLAMA or copy.series_dir is None:  # moved away as it was read
-            raise TreeError(f"{fork.root} changed while portkit read it: run it again")
-        move = _plan(copy, target, base, target_label)
-    move.fork, move.state = fork, state
-    move.target, move.base, move.target_label = target, base, target_label
-    return move
-
-
-def _plan(fork: Tree, target: Tree, base: Tree | None, target_label: str) -> ForkMove:
-    assert fork.series_dir is not None
-    series = read_series(fork.series_dir)
-    rebased = rebase(series, target, base=base, fork=fork,
-                     series_label=fork.series_dir.relative_to(fork.root).as_posix(),
-                     target_label=target_label)
-    move = ForkMove(fork, rebased, target.pin or "")
-    move.changes += _vendored(fork, target, rebased.carried)
-    move.changes += _pin_changes(fork, move.pin)
-    folder = fork.series_dir.relative_to(fork.root).as_posix()
-    kept = {p.name: p.data for p in rebased.series.patches}
-    for patch in series.patches:
-        if patch.name not in kept:
-            move.changes.append(Delete(f"{folder}/{patch.name}"))
-        elif kept[patch.name] != patch.data:
-            move.changes.append(Write(f"{folder}/{patch.name}", kept[patch.name]))
-    return move
-
-
-def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> list[Write | Delete]:
-    """The vendored files refreshed: each side (llama.cpp, ggml) sent from the target with
-    the carried series applied, under the rules rsync syncs that side with (portkit.fork:
-    the side's .rsync-filter and what Makefile.sync's rsync line adds); a file the target
-    does not send is deleted where rsync --delete would delete it."""
-    vendoring = Vendoring.of(fork)
-    new: dict[str, bytes | None] = {path: source.read_bytes() if not source.is_symlink()
-                                    else os.fsencode(os.readlink(source))
-                                    for path, source in vendoring.layout_files(target).items()}
-    for path, data in carried.items():
-        if vendoring.sends(path):
-            new[path] = data
-    changes: list[Write | Delete] = []
-    apart = len(vendoring.sides) > 1
-    for side in vendoring.sides:
-        mine = fork.root / side.folder
-        skip = frozenset({"ggml"}) if apart and not side.prefix else frozenset()
-        current = set(_files(mine, [], skip))
-        ours = {path.removeprefix(side.prefix): data for path, data in new.items()
-                if vendoring.side(path)[0] == side}
-        for rel, data in sorted(ours.items()):
-            if data is None:
-                if rel in current:
-                    changes.append(Delete(f"{side.folder}/{rel}"))
-            elif rel not in current or (mine / rel).read_bytes() != data:
-                changes.append(Write(f"{side.folder}/{rel}", data))
-        changes += [Delete(f"{side.folder}/{rel}") for rel in sorted(current - set(ours))
-                    if rel != FILTER and deleted(side.rules, rel)]
-    return changes
-
-
-def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
-    """Makefile.sync's FETCH_HEAD (and llama/build-info.cpp's LLAMA_COMMIT, when it names
-    the old pin) set to `pin`."""
-    out: list[Write | Delete] = []
-    sync = fork.root / "Makefile.sync"
-    if sync.is_file():
-        text = sync.read_text()
-        if not _FETCH_HEAD.search(text):
-            raise TreeError(f"{sync} has no FETCH_HEAD line to move")
-        out.append(Write("Makefile.sync", _FETCH_HEAD.sub(
-            lambda m: m.group(1) + pin + m.group(3), text, count=1).encode()))
-    info = fork.root / "llama" / "build-info.cpp"
-    if info.is_file() and fork.pin:
-        text = info.read_text()
-        new = _LLAMA_COMMIT.sub(lambda m: m.group(1) + pin + m.group(3)
-                                if pin_matches(m.group(2), fork.pin or "") else m.group(0), text)
-        if new != text:
-            out.append(Write("llama/build-info.cpp", new.encode()))
-    return out
-
-
-def move_fork(move: ForkMove, *, replan: bool = True) -> tuple[ForkMove, str | None]:
-    """Make the move's changes to the fork in one transaction; a failure anywhere leaves the
-    fork as it was. Everything about the fork is checked under its lock, once it is taken:
-    the fork must be exactly as the plan read it (ForkMove.state), else the move is planned
-    again on the fork as it is now, under the lock (with replan=False: refused, TreeError);
-    a fork that another portkit moved to this very pin meanwhile is refused (TreeError);
-    then its uncommitted files. Returns the move written (a replanned one that
-    needs a human is returned unwritten: see .blocked) and what the lock's settling said (a
-    roll-back of an earlier, killed portkit), if anything."""
-    if move.blocked:
-        raise ApplyConflict(f"{len(move.blocked)} patch(es) need a human "
-                           f"({', '.join(p.file for p in move.blocked)}): the fork is not moved")
-    from portkit.errors import TreeError
-    from portkit.tree import detect
-
-    root = move.fork.root
-    with tree_lock(root):
-        checkpoint("rebase:locked")
-        said = settle(root, writer=True)
-        if fork_state(root) != move.state:
-            now = detect(root)
-            if now.pin and pin_matches(now.pin, move.pin):
-                raise TreeError(f"{root} was moved to llama.cpp {now.pin[:12]} by another "
-                                f"portkit while this one waited: nothing was changed")
-            if not replan or move.target is None:
-                raise TreeError(f"{root} changed since the move was planned (pin "
-                                f"{(now.pin or '?')[:12]}): nothing was changed; run it again")
-            checkpoint("rebase:replan")
-            again = plan_fork(now, move.target, base=move.base, target_label=move.target_label)
-            if move.compiled:
-                again.rebased, again.compiled = compile_check(again.rebased, move.target), True
-            move = again
-            if move.blocked:
-                return move, said
-        refuse_uncommitted(root, [c.rel for c in move.changes])
-        with transaction(root, f"rebase onto {move.pin[:12]}", move.changes):
-            checkpoint("rebase:written")
-    return move, said
-
-
-# -- --compile: what the carried series does to the build -------------------------------------
-
-_UNITS = (".c", ".cc", ".cpp")
-_DIAGNOSTIC = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? (?:fatal )?error: "
-                         r"(?P<message>.*)$", re.M)
-# Where llama.cpp's sources find their headers (relative to the llama.cpp root).
-INCLUDE_DIRS = ("include", "src", "common", "ggml/include", "ggml/src", "ggml/src/ggml-cpu")
-
-
-@dataclass(frozen=True)
-class CompileError:
-    file: str  # relative to the llama.cpp root
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
-
-
-def compile_errors(root: Path, unit: str) -> list[CompileError]:
-    """The errors of compiling `unit` (syntax and types only) in the llama.cpp tree at
-    `root`, with the layout's include paths."""
-    c = unit.endswith(".c")
-    compiler = shutil.which("cc" if c else "c++")
-    if compiler is None:
-        raise ToolMissing("no C/C++ compiler (apt-get install g++)")
-    flags = ["-std=gnu11"] if c else ["-std=gnu++17"]
-    includes = [f"-I{d}" for d in INCLUDE_DIRS if (root / d).is_dir()]
-    done = run([compiler, *flags, "-fsyntax-only", "-w", "-fmax-errors=20",
-                "-fno-diagnostics-color", *includes, unit], cwd=root, check=False)
-    return [CompileError(os.path.normpath(m["file"]), int(m["line"]), m["message"].strip())
-            for m in _DIAGNOSTIC.finditer(done.stderr)]
-
-
-def _overlay(source: Path, files: dict[str, bytes | None], dest: Path) -> Path:
-    """`dest` made to read as `source` with `files` in place of its own: symbolic links to
-    everything else, real folders only along the paths of `files`."""
-    def populate(real: Path, src: Path) -> None:
-        for entry in src.iterdir():
-            (real / entry.name).symlink_to(entry)
-
-    dest.mkdir(parents=True, exist_ok=True)
-    populate(dest, source)
-    for rel, data in files.items():
-        here, there = dest, source
-        for part in rel.split("/")[:-1]:
-            here, there = here / part, there / part
-            if here.is_symlink():
-                here.unlink()
-            if not here.exists():
-                here.mkdir()
-                if there.is_dir():
-                    populate(here, there)
-        path = dest / rel
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        if data is not None:
-            path.write_bytes(data)
-    return dest
-
-
-def compile_check(rebased: Rebased, target: Tree) -> Rebased:
-    """Compile the translation units the carried series touches, on the target without and
-    with it. Each error only the carried tree has is charged to the patch that wrote its
-    line (else to the last patch that changed its file, else its unit), which is then
-    needs-review, with the error."""
-    units = sorted(rel for rel, data in rebased.carried.items()
-                   if rel.endswith(_UNITS) and data is not None)
-    charged: dict[str, list[str]] = {}
-    with tree_view(target) as view, _scratch("portkit-compile-") as tmp:
-        carried = _overlay(view, rebased.carried, tmp / "tree")
-        for unit in units:
-            before = {(e.file, e.message) for e in compile_errors(view, unit)
-                      if (view / unit).is_file()}
-            for error in compile_errors(carried, unit):
-                if (error.file, error.message) in before:
-                    continue
-                text = _line(carried / error.file, error.line)
-                patch = _author(rebased.series.patches, error.file, text, unit)
-                if patch is not None:
-                    charged.setdefault(patch, []).append(str(error))
-    rows = []
-    for row in rebased.report.patches:
-        errors = charged.get(row.file)
-        if errors and row.output is not None:
-            row = RebasedPatch(row.file, row.subject, NEEDS_REVIEW,
-                               f"it does not compile: {'; '.join(errors[:3])}; {row.reason}",
-                               row.output, row.conflict)
-        rows.append(row)
-    report = RebaseReport(rebased.report.series, rebased.report.base, rebased.report.target,
-                          rebased.report.pin, tuple(rows))
-    return Rebased(report, rebased.series, rebased.side_files, rebased.carried)
-
-
-def _line(path: Path, number: int) -> str:
-    try:
-        lines = path.read_bytes().decode("utf-8", "surrogateescape").splitlines()
-    except OSError:
-        return ""
-    return lines[number - 1].strip() if 0 < number <= len(lines) else ""
-
-
-def _author(patches: Sequence[Patch], file: str, text: str, unit: str) -> str | None:
-    """The carried patch that wrote the line `text` of `file`: the last one that adds it;
-    else the last that changes the file, else the last that changes the unit."""
-    for patch in reversed(patches):
-        if text and any(h.path == file and any(a.strip() == text for a in h.added)
-                        for h in patch.hunks):
-            return patch.name
-    for path in (file, unit):
-        for patch in reversed(patches):
-            if path in patch.paths:
-                return patch.name
-    return None

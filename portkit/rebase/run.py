@@ -1,0 +1,170 @@
+"""The whole series carried (`rebase`): patch after patch, each written back in its own
+style with git's diff of what it does on the target, and written to --out all at once
+(`write_rebased`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from portkit.errors import UsageError
+from portkit.follow import follow
+from portkit.fork import (
+    Scoped,
+    fork_scope,
+    put_back,
+)
+from portkit.proc import git
+from portkit.rebase.carry import _HEADING, _Carrier, _style
+from portkit.rebase.report import (
+    CONFLICTS,
+    DROPPED,
+    NEEDS_HUMAN,
+    UNCHANGED,
+    Rebased,
+    RebasedPatch,
+    RebaseReport,
+)
+from portkit.series import (
+    Patch,
+    Series,
+    Unreadable,
+    git_diff,
+)
+from portkit.tree import Tree
+
+
+def _written(patch: Patch, diff: str) -> Patch:
+    """The patch with `diff` for its diff, written as the patch itself is written: the same
+    mail or preamble byte for byte, its diffstat made again where it has one, `index` lines
+    only where it has them, the same signature and line ends (Patch.with_diff)."""
+    return patch.with_diff(diff)
+
+
+def base_spec(spec: str, target: Path | None = None) -> str:
+    """--base as `portkit tree fetch` takes it; or, when the target is a local git checkout
+    and `spec` names no tree, a commit of that repository (as git:REPO@COMMIT)."""
+    if target is None or Path(spec).is_dir() or spec.startswith(("pypi:", "git:")) \
+            or not (target / ".git").exists():
+        return spec
+    found = git(["rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"], cwd=target,
+                check=False)
+    return f"git:{target.resolve()}@{found.stdout.strip()}" if found.returncode == 0 else spec
+
+
+def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
+           series_label: str = "series", target_label: str = "target") -> Rebased:
+    """Carry `series` (written against `base`, or against `fork` with the series taken out)
+    onto `target`. Nothing is written: see write_rebased. With `fork`, the series is
+    carried as the fork vendors llama.cpp (portkit.fork): the sections for files it does not
+    vendor are not checked and go back into each carried patch unchanged, every tree is seen
+    as the fork would vendor it, and a dropped patch needs attention."""
+    abbrev, headings = _style(series)
+    with ExitStack() as stack:
+        scoped: Scoped | None = None
+        if fork is not None:
+            seen = stack.enter_context(fork_scope(fork, series, [target], base))
+            scoped, (view,), base_view = seen.scoped, seen.trees, seen.base
+        lead = stack.enter_context(follow(
+            scoped.series if scoped else series, base_view if scoped else base,
+            view if scoped else target, target_label, fork))
+        tmp = stack.enter_context(_scratch("portkit-rebase-"))
+        carrier = _Carrier(lead, tmp)
+        rows: list[RebasedPatch] = []
+        carried: list[Patch] = []
+        side: dict[str, bytes] = {}
+        kept: dict[str, bytes] = {}
+        mine = {p.name: p for p in scoped.series.patches} if scoped else {}
+        for patch in series.in_order():
+            if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
+                kept[patch.name] = patch.data
+                rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
+                                         f"it cannot be read: {patch.reason}", patch.name))
+                continue
+            original, away = patch, scoped.left_out.get(patch.name, []) if scoped else []
+            if scoped is not None and patch.name in scoped.untouched:
+                carried.append(patch)  # nothing of it is vendored: kept as it is
+                rows.append(RebasedPatch(patch.name, patch.subject, UNCHANGED,
+                                         "it touches only files this fork does not vendor: "
+                                         "not checked, kept as it is", patch.name))
+                continue
+            patch = mine.get(patch.name, patch)
+            had = dict(carrier.work.files)
+            had_modes = dict(carrier.work.modes)
+            outcome = carrier.carry(patch)
+            if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
+                                             and not outcome.after):
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
+                    if outcome.status == NEEDS_HUMAN else None
+                if name is not None:
+                    side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
+                rows.append(RebasedPatch(patch.name, patch.subject, outcome.status,
+                                         outcome.reason, None, name))
+                continue
+            before = {rel: had[rel] if rel in had else carrier.work.original(rel)
+                      for rel in outcome.after}
+            before_modes = {rel: had_modes[rel] if rel in had_modes
+                            else carrier.work.original_mode(rel) for rel in outcome.after}
+            after_modes = {rel: outcome.modes.get(rel, before_modes[rel])
+                           for rel in outcome.after}
+            diff = git_diff(before, outcome.after, abbrev=patch.conventions.abbrev or abbrev,
+                            prefix=patch.strip != 0, modes=(before_modes, after_modes),
+                            renames=any(f.rename_from for f in patch.files))
+            if not headings:
+                diff = _HEADING.sub(r"\1", diff)
+            if not diff:
+                rows.append(RebasedPatch(patch.name, patch.subject, DROPPED,
+                                         f"it changes nothing on the target ({outcome.reason})",
+                                         None))
+                continue
+            if away:  # the sections for files the fork does not vendor, as they were
+                diff = put_back(diff, original, away)
+            carried.append(_written(original, diff))
+            name = None
+            if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
+                side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
+            rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
+                                     patch.name, name))
+        changed = {rel: data for rel, data in carrier.work.files.items()
+                   if data != carrier.work.original(rel)}
+    report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
+                          target_label, target.pin, tuple(rows), fork=fork is not None,
+                          not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
+                          if scoped else ())
+    out = Series(series.folder, series.kind, tuple(carried), series.conventions)
+    return Rebased(report, out, {**kept, **side}, changed)
+
+
+@contextmanager
+def _scratch(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+def write_rebased(rebased: Rebased, out: Path) -> None:
+    """Write the carried series and the side files to `out` (absent or empty) all at once:
+    they are made in a hidden sibling and renamed into place."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.portkit-"))
+    try:
+        for rel, data in rebased.files().items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
