@@ -98,17 +98,21 @@ def _settle_block(ours: list[bytes], base: list[bytes],
     if not base and mine is not None and upstream is not None:
         return theirs + ours, SAME_POINT
     if mine is not None and upstream is None:
-        added = theirs[mine:mine + len(theirs) - len(base)]
-        if mine == 0:
-            return added + ours, BESIDE
-        if mine == len(base):
-            return ours + added, BESIDE
+        return _beside(theirs, mine, len(base), ours)
     if upstream is not None and mine is None:
-        added = ours[upstream:upstream + len(ours) - len(base)]
-        if upstream == 0:
-            return added + theirs, BESIDE
-        if upstream == len(base):
-            return theirs + added, BESIDE
+        return _beside(ours, upstream, len(base), theirs)
+    return None
+
+
+def _beside(inserting: list[bytes], at: int, base: int,
+            rewritten: list[bytes]) -> tuple[list[bytes], str] | None:
+    """One side inserted lines at `at` of the block's `base` lines, the other rewrote them:
+    the insertion on its side of the rewrite, when it is at the start or the end."""
+    added = inserting[at:at + len(inserting) - base]
+    if at == 0:
+        return added + rewritten, BESIDE
+    if at == base:
+        return rewritten + added, BESIDE
     return None
 
 

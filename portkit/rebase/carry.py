@@ -329,6 +329,12 @@ class _Carrier:
                 for note in notes))
         return replace(outcome, status=NEEDS_REVIEW, reason="; ".join([*notes, outcome.reason]))
 
+    def _uses_left_out(self, patch: Patch) -> list[str]:
+        """A note for each name the patch's added lines use that a left-out patch brings."""
+        return [f"it uses {name}, which {self.left_out[name]} brings and which was left out"
+                for name in identifiers(line for h in patch.hunks for line in h.added)
+                if name in self.left_out]
+
     def _semantic(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch text carried whose added lines use a symbol that changed upstream (drift's
         semantic check, symbols resolved without doubt): for a reviewer."""
@@ -340,10 +346,7 @@ class _Carrier:
             if change.change == "renamed" and not re.search(rf"\b{change.symbol}\b", written):
                 continue
             review.append(f"it uses {change.symbol}: {change.detail}")
-        for name in identifiers(line for h in patch.hunks for line in h.added):
-            if name in self.left_out:
-                review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
-                              "was left out")
+        review += self._uses_left_out(patch)
         if not review:
             return outcome
         return replace(outcome, status=NEEDS_REVIEW,
@@ -581,10 +584,7 @@ class _Carrier:
                 how.append(f"written with the target's name for {change.symbol}")
             else:
                 review.append(f"it uses {change.symbol}: {change.detail}")
-        for name in identifiers(line for h in patch.hunks for line in h.added):
-            if name in self.left_out:
-                review.append(f"it uses {name}, which {self.left_out[name]} brings and which "
-                              "was left out")
+        review += self._uses_left_out(patch)
         if not how:
             offsets = sorted({d.offset for _, d in carry if d.offset})
             how.append("applies as it is" if not offsets else
