@@ -206,9 +206,10 @@ class _Carrier:
         self._by_name: dict[str, list[str]] | None = None
         self.left_out_files: dict[str, str] = {}  # a file a left-out patch changes -> it
 
-    def carry(self, patch: Patch) -> _Outcome:
+    def carry(self, patch: Patch, later: frozenset[str] = frozenset()) -> _Outcome:
         """Patch `patch` carried: by text first (what `git am -3` does), by structure only
-        where text cannot."""
+        where text cannot. `later`: the files the patches after it change (a patch that
+        needs a human is carried in part only where they need it)."""
         self.work.load(patch.paths)
         self.base.load(patch.paths)
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
@@ -251,12 +252,13 @@ class _Carrier:
             # series leaves them, and only the files left for a human are missing.
             for rel in text.failed:
                 self.left_out_files.setdefault(rel, patch.name)
-            # a file whose every hunk upstream has already is not carried in part
+            # only the files later patches change are carried in part (what no later patch
+            # needs waits for the human whole), and none whose every hunk upstream has
             upstream = {f.path for f in patch.files
                         if f.hunks and len(_hunks_there(f, before_work, before_base))
                         == len(f.hunks)}
             text = replace(text, clean={rel: d for rel, d in text.clean.items()
-                                        if rel not in upstream})
+                                        if rel not in upstream and rel in later})
             if text.clean:
                 for rel, data in text.clean.items():
                     self.work.put(rel, data, text.modes.get(rel))

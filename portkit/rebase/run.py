@@ -96,7 +96,9 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             patch = mine.get(patch.name, patch)
             had = dict(carrier.work.files)
             had_modes = dict(carrier.work.modes)
-            outcome = carrier.carry(patch)
+            outcome = carrier.carry(patch, later=frozenset(
+                rel for other in series.patches[series.patches.index(patch) + 1:]
+                for rel in other.paths))
             if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
                                              and not outcome.after):
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
