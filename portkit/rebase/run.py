@@ -80,6 +80,9 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         side: dict[str, bytes] = {}
         kept: dict[str, bytes] = {}
         mine = {p.name: p for p in scoped.series.patches} if scoped else {}
+        # the files the patches after each one change (what a patch carried in part serves)
+        later = {p.name: frozenset(rel for q in series.patches[k + 1:] for rel in q.paths)
+                 for k, p in enumerate(series.patches)}
         for patch in series.in_order():
             if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
                 kept[patch.name] = patch.data
@@ -96,9 +99,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             patch = mine.get(patch.name, patch)
             had = dict(carrier.work.files)
             had_modes = dict(carrier.work.modes)
-            outcome = carrier.carry(patch, later=frozenset(
-                rel for other in series.patches[series.patches.index(patch) + 1:]
-                for rel in other.paths))
+            outcome = carrier.carry(patch, later=later[original.name])
             if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
                                              and not outcome.after):
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
