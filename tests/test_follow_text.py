@@ -4,7 +4,7 @@ where it must not."""
 
 from __future__ import annotations
 
-from portkit.follow.text import ALREADY, BESIDE, SAME_POINT, merge, merge3, without_conflicts
+from portkit.follow.text import ALREADY, BESIDE, SAME_POINT, merge, merge3
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 13))
 
@@ -82,12 +82,3 @@ def test_already_is_not_a_line_that_is_merely_alike():
     done = merge(ours, BASE, theirs)
     assert done.settled == (SAME_POINT,)
     assert done.data.count(b"patch") == 2
-
-
-def test_without_conflicts_keeps_what_merged_and_the_targets_side_of_each_conflict():
-    ours = BASE.replace(b"line 6\n", b"upstream six\n")
-    theirs = BASE.replace(b"line 6\n", b"patch six\n").replace(b"line 12\n", b"twelve\n")
-    done = merge(ours, BASE, theirs)
-    assert done.conflicts == 1
-    assert done.carried == ours.replace(b"line 12\n", b"twelve\n")
-    assert without_conflicts(done.data) == done.carried

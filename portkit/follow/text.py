@@ -64,11 +64,6 @@ class Merged:
     conflicts: int
     settled: tuple[str, ...] = ()  # how each settled block was settled (BESIDE, SAME_POINT)
 
-    @property
-    def carried(self) -> bytes:
-        """The file with what merged and, where a conflict is left, the target's lines."""
-        return without_conflicts(self.data) if self.conflicts else self.data
-
 
 def _insertion(base: Sequence[bytes], side: Sequence[bytes]) -> int | None:
     """Where `side` is `base` with lines inserted at one place and nothing else changed:
@@ -145,23 +140,6 @@ def settle(merged: bytes) -> Merged:
             settled.append(done[1])
         i = t + 1
     return Merged(b"".join(out), left, tuple(settled))
-
-
-def without_conflicts(merged: bytes) -> bytes:
-    """`merged` (merge3's diff3 output) with each conflict block as the target has it: the
-    patch's changes that merged, without those that conflict."""
-    lines = merged.splitlines(keepends=True)
-    out: list[bytes] = []
-    i = 0
-    while i < len(lines):
-        marks = _block(lines, i) if lines[i].rstrip(b"\r\n") == _OURS else None
-        if marks is None:
-            out.append(lines[i])
-            i += 1
-            continue
-        out += lines[i + 1:marks[0]]
-        i = marks[2] + 1
-    return b"".join(out)
 
 
 def _block(lines: list[bytes], start: int) -> tuple[int, int, int] | None:

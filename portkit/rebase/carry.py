@@ -204,6 +204,7 @@ class _Carrier:
             folder.mkdir(parents=True)
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
         self._by_name: dict[str, list[str]] | None = None
+        self._new: list[str] | None = None
         self.left_out_files: dict[str, str] = {}  # a file a left-out patch changes -> it
 
     def carry(self, patch: Patch, later: frozenset[str] = frozenset()) -> _Outcome:
@@ -506,25 +507,30 @@ class _Carrier:
         """Where the file `rel` (`data` in the base) went in the target, as git's rename
         detection finds it: the most similar file, at least half alike, among those of the
         same name, else among the target's files of the same kind that the base lacks;
-        None when there is none."""
-        name = PurePosixPath(rel).name
+        None when there is none. Candidates are read, not loaded into the working copy."""
         suffix = PurePosixPath(rel).suffix
-        same = self.lead_files().get(name, [])
-        new = [other for files in self.lead_files().values() for other in files
-               if other.endswith(suffix) and other not in same
-               and not (self.lead.base.root / other).exists()]
-        for candidates in (same, new):
+        same = self.lead_files().get(PurePosixPath(rel).name, [])
+        for candidates in (same, [o for o in self.new_files() if o.endswith(suffix)]):
             best: tuple[float, str] | None = None
             for other in candidates:
-                if other == rel or self.work.get(other) is None:
+                found = self.work.files[other] if other in self.work.files \
+                    else self.work.original(other)
+                if other == rel or found is None:
                     continue
-                score = similarity(data, self.work.get(other) or b"")
+                score = similarity(data, found)
                 if score >= 0.5 and (best is None or score > best[0]):
                     best = (score, other)
             if best is not None:
-                found = self.work.get(best[1])
-                return (best[1], found) if found is not None else None
+                chosen = self.work.get(best[1])
+                return (best[1], chosen) if chosen is not None else None
         return None
+
+    def new_files(self) -> list[str]:
+        """The target's files the base does not have (where a renamed file may be)."""
+        if self._new is None:
+            self._new = [other for files in self.lead_files().values() for other in files
+                         if not (self.lead.base.root / other).exists()]
+        return self._new
 
     def lead_files(self) -> dict[str, list[str]]:
         """The target's files by file name."""
