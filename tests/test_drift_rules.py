@@ -383,3 +383,87 @@ def test_a_declaration_an_earlier_patch_adds_is_not_removed(tmp_path):
     t = _run(tmp_path, {"src/a.cpp": body, "src/hook.h": header}, {"src/a.cpp": body},
              [[_diff("src/a.cpp", body, after)]])
     assert t.patches[0].status == dm.CLEAN and t.patches[0].semantic == ()
+
+
+# -- where a hunk's lines went: the nearest match by text -------------------------------------
+
+STEPS = """\
+int f(int x) {
+    int alpha = x + 1;
+    int beta = alpha * 2;
+    int gamma = beta - 3;
+    int delta = gamma + 4;
+    return delta;
+}
+"""
+
+
+def _inserted(text: str) -> str:
+    return text.replace("    int beta = alpha * 2;\n", "    int beta = alpha * 2;\n    beta += 10;\n")
+
+
+def test_a_hunk_whose_lines_left_their_function_is_placed_where_they_went(tmp_path):
+    """Upstream moved f's body into a helper further down the file (and changed a line of
+    the hunk's context): f is still there, but its lines are not in it; the nearest match is
+    where they are now, not somewhere in f."""
+    helper = STEPS.replace("int f(int x)", "static int f_steps(int x)").replace(
+        "gamma = beta - 3", "gamma = beta - 5")
+    target = "int f(int x) {\n    return f_steps(x);\n}\n\n" + "// filler\n" * 30 + "\n" + helper
+    t = _run(tmp_path, {"src/a.cpp": STEPS}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT and hunk.moved_to is None, hunk.reason
+    assert "its lines are not in f " in hunk.reason
+    lines = target.splitlines()
+    assert hunk.nearest is not None and hunk.nearest.file == "src/a.cpp"
+    assert lines[hunk.nearest.line - 1] == "static int f_steps(int x) {"
+
+
+def test_lines_that_stayed_in_their_function_are_placed_there(tmp_path):
+    """The negative: f's lines are still in f (one context line changed): the hunk goes in
+    f, where the locator found it."""
+    target = "// filler\n" * 30 + STEPS.replace("gamma = beta - 3", "gamma = beta - 5")
+    t = _run(tmp_path, {"src/a.cpp": STEPS}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.moved_to is not None and hunk.moved_to.symbol == "f", hunk.reason
+    assert 31 <= hunk.moved_to.line <= 37 and "are not in f" not in hunk.reason
+
+
+def test_a_hunk_whose_function_left_the_file_is_placed_in_the_file_its_lines_went_to(tmp_path):
+    """Upstream moved f out of a.cpp (renamed, into steps.cpp) and changed a line of the hunk's
+    context: f is not in the target, a.cpp has none of its lines; steps.cpp has them."""
+    moved = STEPS.replace("int f(int x)", "int steps_run(int x)").replace(
+        "gamma = beta - 3", "gamma = beta - 5")
+    t = _run(tmp_path, {"src/a.cpp": STEPS + "\nint other() {\n    return 0;\n}\n"},
+             {"src/a.cpp": "int other() {\n    return 0;\n}\n", "src/steps.cpp": moved},
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT and "f is not in the target" in hunk.reason
+    assert hunk.nearest is not None and hunk.nearest.file == "src/steps.cpp"
+    assert hunk.nearest.line == 1
+
+
+def test_a_file_renamed_is_followed_by_gits_rename_rule(tmp_path):
+    """examples/llava/clip.cpp became tools/mtmd/clip.cpp (outside what drift indexes, so no
+    symbol votes for it): git's rename rule (the same name, at least half alike) finds it,
+    and the hunk lands there."""
+    old = STEPS + "\n" + FUNC
+    new = "// moved\n\n" + old
+    t = _run(tmp_path, {"examples/llava/clip.cpp": old}, {"tools/mtmd/clip.cpp": new},
+             [[_diff("examples/llava/clip.cpp", old, _inserted(old))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.RELOCATED, hunk.reason
+    assert hunk.moved_to is not None and hunk.moved_to.file == "tools/mtmd/clip.cpp"
+    assert hunk.moved_to.line == 3
+
+
+def test_a_file_too_unlike_is_not_taken_for_the_renamed_one(tmp_path):
+    """The negative: a file of the same name that shares too little is not where it went."""
+    old = STEPS + "\n" + FUNC
+    t = _run(tmp_path, {"examples/llava/clip.cpp": old},
+             {"tools/mtmd/clip.cpp": "int unrelated() {\n    return 42;\n}\n" * 3},
+             [[_diff("examples/llava/clip.cpp", old, _inserted(old))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT and hunk.moved_to is None
+    assert hunk.nearest is None or hunk.nearest.file != "tools/mtmd/clip.cpp"

@@ -45,6 +45,7 @@ from portkit.follow.relocate import (
     _patch_lines,
     place_insertion,
 )
+from portkit.follow.renames import Files
 from portkit.follow.sequence import (
     FUZZ_LIMIT,
     _Carry,
@@ -114,6 +115,7 @@ class _Target:
         self.locator = Locator(base.index, target.index)
         self.current: dict[str, bytes | None] = {}
         self.homes: dict[str, str | None] = {}
+        self.files = Files(target.root, base.root)
         self.starts: dict[tuple[str, int, int, str], int] = {}
         self.places: dict[tuple[str, str, int], tuple[Candidate | None, str]] = {}
         self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
@@ -338,6 +340,14 @@ class _Target:
                     f"{cand.strategy}", patch_line, offset, fuzz, name,
                     Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
             near = self.nearest(hunk, tsym.file, (tsym.start_line, tsym.end_line))
+            if near is None:  # its lines are not in the symbol: elsewhere in the file?
+                away = self.nearest(hunk, tsym.file, None)
+                if away is not None:
+                    return HunkDrift(
+                        hunk.path, hunk.old_start, CONFLICT,
+                        f"context changed: its lines are not in {tsym.qualname} ({tsym.where}) "
+                        f"any more; the nearest are at {away.file}:{away.line}", patch_line,
+                        symbol=name, nearest=away)
             into = self.base_start(hunk) + 1 - base_sym.start_line
             line = near.line if near is not None else min(
                 tsym.start_line + max(into, 0), tsym.end_line)
@@ -353,8 +363,11 @@ class _Target:
                                  f"{hunk.path} in the target has it already: {upstream}",
                                  patch_line)
             why = why_not or (f"context changed ({reason})" if reason else "context changed")
+            near = self.nearest(hunk, hunk.path, None)
+            if near is None and why_not:  # its symbol left the file: where did its lines go?
+                near = self.nearest_anywhere(hunk)
             return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
-                             nearest=self.nearest(hunk, hunk.path, None))
+                             nearest=near)
         home = self.home(hunk.path)
         if home is not None and (base_sym is None or cand is None):
             upstream = self.present(hunk, home, None, verbatim=base_sym is None)
@@ -400,10 +413,17 @@ class _Target:
     # -- relocation --------------------------------------------------------------------
 
     def home(self, rel: str) -> str | None:
-        """Where a base file that the target lacks went: the target file of the same kind
-        that holds most of its classes and functions (by name, through aliases)."""
+        """Where a base file that the target lacks went: the file git's rename rule finds
+        (portkit.follow.renames), else the target file of the same kind that holds most of
+        its classes and functions (by name, through aliases)."""
         if rel in self.homes:
             return self.homes[rel]
+        text = self.base.text(rel)
+        renamed = self.files.renamed(rel, text.encode("utf-8", "surrogateescape"),
+                                     self._current) if text is not None else None
+        if renamed is not None:
+            self.homes[rel] = renamed
+            return renamed
         votes: Counter[str] = Counter()
         suffix = Path(rel).suffix
         if rel in self.base.index.files:

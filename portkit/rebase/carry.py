@@ -13,12 +13,13 @@ import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from portkit.anchors import aliases_of
 from portkit.cache import lay_down, read_entry
 from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
+from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
 from portkit.follow.text import BESIDE, SAME_POINT, merge, merge3
 from portkit.hunks import ALREADY, apply_hunks
@@ -124,14 +125,6 @@ def git_apply_at(root: Path, patch: bytes, room: Path, strip: int = 1,
     return offsets
 
 
-def similarity(a: bytes, b: bytes) -> float:
-    """How alike two files are, as git's rename detection measures it: the share of their
-    bytes in lines both have (each line counted as often as both have it)."""
-    mine, theirs = Counter(a.splitlines(keepends=True)), Counter(b.splitlines(keepends=True))
-    common = sum(len(line) * min(n, theirs[line]) for line, n in mine.items())
-    return 2 * common / (len(a) + len(b)) if a or b else 1.0
-
-
 def _style(series: Series) -> tuple[int, bool]:
     """How the series writes its diffs: the length of its blob ids (7 when it has none) and
     whether its @@ lines carry function headings."""
@@ -203,8 +196,7 @@ class _Carrier:
         for folder in (self.room / "hunk", self.base.root, self.work.root):
             folder.mkdir(parents=True)
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
-        self._by_name: dict[str, list[str]] | None = None
-        self._new: list[str] | None = None
+        self.files = Files(lead.target.root, lead.base.root)
         self.left_out_files: dict[str, str] = {}  # a file a left-out patch changes -> it
 
     def carry(self, patch: Patch, later: frozenset[str] = frozenset()) -> _Outcome:
@@ -504,44 +496,13 @@ class _Carrier:
         return out
 
     def moved(self, rel: str, data: bytes) -> tuple[str, bytes] | None:
-        """Where the file `rel` (`data` in the base) went in the target, as git's rename
-        detection finds it: the most similar file, at least half alike, among those of the
-        same name, else among the target's files of the same kind that the base lacks;
-        None when there is none. Candidates are read, not loaded into the working copy."""
-        suffix = PurePosixPath(rel).suffix
-        same = self.lead_files().get(PurePosixPath(rel).name, [])
-        for candidates in (same, [o for o in self.new_files() if o.endswith(suffix)]):
-            best: tuple[float, str] | None = None
-            for other in candidates:
-                found = self.work.files[other] if other in self.work.files \
-                    else self.work.original(other)
-                if other == rel or found is None:
-                    continue
-                score = similarity(data, found)
-                if score >= 0.5 and (best is None or score > best[0]):
-                    best = (score, other)
-            if best is not None:
-                chosen = self.work.get(best[1])
-                return (best[1], chosen) if chosen is not None else None
-        return None
-
-    def new_files(self) -> list[str]:
-        """The target's files the base does not have (where a renamed file may be)."""
-        if self._new is None:
-            self._new = [other for files in self.lead_files().values() for other in files
-                         if not (self.lead.base.root / other).exists()]
-        return self._new
-
-    def lead_files(self) -> dict[str, list[str]]:
-        """The target's files by file name."""
-        if self._by_name is None:
-            self._by_name = {}
-            root = self.lead.target.root
-            for path in sorted(root.rglob("*")):
-                if path.is_file() and not path.is_symlink() and ".git" not in path.parts:
-                    rel = path.relative_to(root).as_posix()
-                    self._by_name.setdefault(path.name, []).append(rel)
-        return self._by_name
+        """Where the file `rel` (`data` in the base) went in the target, by git's rename
+        rule (portkit.follow.renames), and its bytes there; None when there is none.
+        Candidates are read, not loaded into the working copy."""
+        home = self.files.renamed(rel, data, lambda other: self.work.files[other]
+                                  if other in self.work.files else self.work.original(other))
+        chosen = self.work.get(home) if home is not None else None
+        return (home, chosen) if home is not None and chosen is not None else None
 
     def _structure(self, patch: Patch, before_base: dict[str, bytes | None]) -> _Outcome:
         """The patch carried hunk by hunk where drift follows its code."""
