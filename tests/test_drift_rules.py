@@ -399,7 +399,8 @@ int f(int x) {
 
 
 def _inserted(text: str) -> str:
-    return text.replace("    int beta = alpha * 2;\n", "    int beta = alpha * 2;\n    beta += 10;\n")
+    line = "    int beta = alpha * 2;\n"
+    return text.replace(line, line + "    beta += 10;\n")
 
 
 def test_a_hunk_whose_lines_left_their_function_is_placed_where_they_went(tmp_path):
@@ -467,3 +468,66 @@ def test_a_file_too_unlike_is_not_taken_for_the_renamed_one(tmp_path):
     (hunk,) = t.patches[0].hunks
     assert hunk.status == dm.CONFLICT and hunk.moved_to is None
     assert hunk.nearest is None or hunk.nearest.file != "tools/mtmd/clip.cpp"
+
+
+TABLE = """\
+int before_table() {
+    return 0;
+}
+
+static const std::map<std::string, int> TABLE = {
+    {"ten", 10},
+    {"twenty", 20},
+    {"thirty", 30},
+    {"forty", 40},
+    {"fifty", 50},
+};
+
+int after_table() {
+    int one = 1;
+    return one;
+}
+"""
+
+
+def test_context_an_earlier_patch_added_is_followed_by_the_lines_the_base_has(tmp_path):
+    """Patch 1 adds twelve rows to a table; patch 2's hunk (whose context holds some of
+    them) does not apply on the target. Its place in the base is where the base's own lines
+    of its context are, not its line number, which counts patch 1's rows and points past
+    the table: the nearest match is in the table, not in the function after it."""
+    rows = "".join(f'    {{"row {k}", {21 + k}}},\n' for k in range(12))
+    first = TABLE.replace('    {"twenty", 20},\n', '    {"twenty", 20},\n' + rows)
+    row = '    {"thirty", 30},\n'
+    second = first.replace(row, row + '    {"thirty-five", 35},\n')
+    target = "// upstream's header\n" * 40 + TABLE.replace('{"forty", 40}', '{"forty-five", 45}')\
+        .replace('{"fifty", 50}', '{"fifty-five", 55}')
+    t = _run(tmp_path, {"src/a.cpp": TABLE}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", TABLE, first)], [_diff("src/a.cpp", first, second)]])
+    (hunk,) = t.patches[1].hunks
+    assert hunk.status in (dm.CONFLICT, dm.RELOCATED), hunk.reason
+    assert hunk.symbol != "after_table", hunk.reason
+    place = hunk.moved_to or hunk.nearest
+    assert place is not None and place.file == "src/a.cpp"
+    table = (tmp_path / "target" / "src" / "a.cpp").read_text().splitlines()
+    start = table.index("static const std::map<std::string, int> TABLE = {") + 1
+    assert start <= place.line <= start + 20, (place, start)
+
+
+def test_lines_found_as_often_at_two_places_are_no_nearest_match(tmp_path):
+    """Upstream made two copies of the hunk's code and changed both alike: as many of its
+    lines are at each place, so the text does not say which it is; no nearest match rather
+    than a wrong one. One copy alone is a place."""
+    body = ("void run_{n}(int x) {{\n    int alpha = x + 1;\n    int beta = alpha * 2;\n"
+            "    int gamma = beta - 3;\n    int delta = gamma + 4;\n    return;\n}}\n\n")
+    old = body.format(n="one")
+    new = old.replace("    int beta = alpha * 2;\n", "    int beta = alpha * 2;\n    beta++;\n")
+    changed = body.replace("gamma = beta - 3", "gamma = beta - 7").replace(
+        "void run_{n}", "void step_{n}")
+    twice = changed.format(n="a") + "// between\n" * 20 + changed.format(n="b")
+    for target, places in ((twice, 0), (changed.format(n="a"), 1)):
+        room = tmp_path / str(places)
+        t = _run(room, {"src/a.cpp": old}, {"src/a.cpp": target},
+                 [[_diff("src/a.cpp", old, new)]])
+        (hunk,) = t.patches[0].hunks
+        assert hunk.status == dm.CONFLICT, hunk.reason
+        assert (hunk.nearest is not None) == bool(places), hunk.nearest

@@ -282,8 +282,10 @@ class _Target:
         """Where the hunk's old side is in the base file (0-based), or where it says."""
         key = (hunk.path, hunk.patch_index, hunk.old_start, hunk.text)
         if key not in self.starts:
-            found = _find_block(self.base.flat_lines(hunk.path), list(hunk.old_lines),
-                                hunk.old_start - 1)
+            hay = self.base.flat_lines(hunk.path)
+            found = _find_block(hay, list(hunk.old_lines), hunk.old_start - 1)
+            if found is None:  # lines an earlier patch of the series added are not in the base
+                found = _voted_start(hay, list(hunk.old_lines), hunk.old_start - 1)
             self.starts[key] = found if found is not None else hunk.old_start - 1
         return self.starts[key]
 
@@ -654,6 +656,8 @@ class _Target:
                            key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
         if count < 2:
             return None  # a line or two alike anywhere is no place: better none than a wrong one
+        if any(n == count and abs(at - start) > len(old) for at, n in votes.items()):
+            return None  # as many of its lines at two places: the text does not say which
         start = max(start, 0)
         text = "\n".join(lines[start:start + max(len(old), 1)][:12])
         return Nearest(rel, start + 1, text)
@@ -878,6 +882,28 @@ class _Target:
 
 
 _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
+
+
+def _voted_start(hay: list[str], old: list[str], near: int) -> int | None:
+    """Where the hunk's old lines start in `hay` (flattened lines) when they are not all
+    there: each meaningful line that is votes for the start it implies; the start most of
+    them agree on (at least 2, and no other as many), the one nearest `near` among those."""
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, line in enumerate(hay):
+        where[line].append(i)
+    votes: Counter[int] = Counter()
+    for pos, line in enumerate(old):
+        key = flat(line)
+        if len(key) >= _MEANINGFUL:
+            for i in where.get(key, ()):
+                votes[i - pos] += 1
+    if not votes:
+        return None
+    top = max(votes.values())
+    best = sorted((at for at, n in votes.items() if n == top), key=lambda at: abs(at - near))
+    if top < 2 or abs(best[-1] - best[0]) > len(old):
+        return None
+    return max(best[0], 0)
 
 
 def _by_scope(index: Index) -> dict[str, list[Symbol]]:
