@@ -515,19 +515,34 @@ def test_context_an_earlier_patch_added_is_followed_by_the_lines_the_base_has(tm
 
 def test_lines_found_as_often_at_two_places_are_no_nearest_match(tmp_path):
     """Upstream made two copies of the hunk's code and changed both alike: as many of its
-    lines are at each place, so the text does not say which it is; no nearest match rather
-    than a wrong one. One copy alone is a place."""
-    body = ("void run_{n}(int x) {{\n    int alpha = x + 1;\n    int beta = alpha * 2;\n"
-            "    int gamma = beta - 3;\n    int delta = gamma + 4;\n    return;\n}}\n\n")
-    old = body.format(n="one")
-    new = old.replace("    int beta = alpha * 2;\n", "    int beta = alpha * 2;\n    beta++;\n")
-    changed = body.replace("gamma = beta - 3", "gamma = beta - 7").replace(
-        "void run_{n}", "void step_{n}")
-    twice = changed.format(n="a") + "// between\n" * 20 + changed.format(n="b")
-    for target, places in ((twice, 0), (changed.format(n="a"), 1)):
+    lines are at each place, and the base's lines around it are at neither, so the text does
+    not say which it is: no nearest match rather than a wrong one. One copy alone is a
+    place."""
+    old = RUN.format(n="one")
+    twice = CHANGED.format(n="a") + "// between\n" * 20 + CHANGED.format(n="b")
+    for target, places in ((twice, 0), (CHANGED.format(n="a"), 1)):
         room = tmp_path / str(places)
         t = _run(room, {"src/a.cpp": old}, {"src/a.cpp": target},
-                 [[_diff("src/a.cpp", old, new)]])
+                 [[_diff("src/a.cpp", old, _inserted(old))]])
         (hunk,) = t.patches[0].hunks
         assert hunk.status == dm.CONFLICT, hunk.reason
         assert (hunk.nearest is not None) == bool(places), hunk.nearest
+
+
+def test_a_tie_between_two_places_is_broken_by_the_lines_around_the_hunk_in_the_base(tmp_path):
+    """The same two copies, but the function the base has before the hunk's is still before
+    the second one: that is where the hunk's lines are."""
+    old = FUNC + "\n" + RUN.format(n="one")
+    target = CHANGED.format(n="a") + "// between\n" * 20 + FUNC + "\n" + CHANGED.format(n="b")
+    t = _run(tmp_path, {"src/a.cpp": old}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", old, _inserted(old))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT, hunk.reason
+    assert hunk.nearest is not None
+    assert target.splitlines()[hunk.nearest.line - 1] == "void step_b(int x) {"
+
+
+RUN = ("void run_{n}(int x) {{\n    int alpha = x + 1;\n    int beta = alpha * 2;\n"
+       "    int gamma = beta - 3;\n    int delta = gamma + 4;\n    return;\n}}\n\n")
+CHANGED = RUN.replace("gamma = beta - 3", "gamma = beta - 7").replace("void run_{n}",
+                                                                       "void step_{n}")

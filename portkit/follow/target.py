@@ -656,11 +656,42 @@ class _Target:
                            key=lambda kv: (kv[1], -abs(kv[0] - hunk.old_start + 1)))
         if count < 2:
             return None  # a line or two alike anywhere is no place: better none than a wrong one
-        if any(n == count and abs(at - start) > len(old) for at, n in votes.items()):
-            return None  # as many of its lines at two places: the text does not say which
+        tied = [at for at, n in votes.items() if n == count and abs(at - start) > len(old)]
+        if tied:  # as many of its lines at two places: the lines around it in the base decide
+            chosen = self._wider(hunk, lines, [start, *tied], lo, min(hi, len(lines)))
+            if chosen is None:
+                return None  # the text does not say which: better none than a wrong one
+            start = chosen
         start = max(start, 0)
         text = "\n".join(lines[start:start + max(len(old), 1)][:12])
         return Nearest(rel, start + 1, text)
+
+    def _wider(self, hunk: Hunk, lines: list[str], starts: list[int], lo: int,
+               hi: int) -> int | None:
+        """Of places where as many of the hunk's lines are (`starts`, 0-based in `lines`), the
+        one where the most of the base's lines around the hunk (WIDER each side) are too, in
+        their order around it; None when two places tie again."""
+        base = self.base.flat_lines(hunk.path)
+        if not base:
+            return None
+        at = self.base_start(hunk)
+        span = len(hunk.old_lines)
+        around = [(k - at, base[k]) for k in range(max(at - WIDER, 0),
+                                                   min(at + span + WIDER, len(base)))
+                  if not at <= k < at + span and len(base[k]) >= _MEANINGFUL]
+        here = {i: flat(lines[i]) for i in range(lo, hi)}
+
+        def score(start: int) -> int:
+            found = 0
+            for rel, key in around:
+                window = range(start + rel - WIDER // 2, start + rel + WIDER // 2 + 1)
+                found += any(here.get(i) == key for i in window)
+            return found
+
+        ranked = sorted(((score(s), s) for s in starts), reverse=True)
+        if ranked[0][0] == 0 or ranked[0][0] == ranked[1][0]:
+            return None
+        return ranked[0][1]
 
     @staticmethod
     def _alike_votes(old: list[str], lines: list[str], lo: int, hi: int) -> Counter[int]:
@@ -882,6 +913,9 @@ class _Target:
 
 
 _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
+
+
+WIDER = 12  # the base's lines each side of a hunk that break a tie between two places
 
 
 def _voted_start(hay: list[str], old: list[str], near: int) -> int | None:
