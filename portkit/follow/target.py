@@ -13,7 +13,7 @@ import tempfile
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from portkit.anchors import Candidate, Locator, aliases_of, canonical, find
 from portkit.cache import read_entry
@@ -712,19 +712,25 @@ class _Target:
         return votes
 
     def nearest_anywhere(self, hunk: Hunk) -> Nearest | None:
-        """For a hunk whose file is gone: the nearest match in the target file of the same
-        kind that shares the most of its meaningful lines."""
+        """For a hunk whose file or function is gone: the nearest match in the target file
+        that shares the most of its meaningful lines (a third of them at least), among the
+        indexed files of the same kind and the sources beside the hunk's file (where a file
+        that upstream split went)."""
         wanted = set(_meaningful(hunk.old_lines))
         if not wanted:
             return None
-        suffix = Path(hunk.path).suffix
+        suffix, folder = PurePosixPath(hunk.path).suffix, PurePosixPath(hunk.path).parent
+        beside = [rel for files in self.files.by_name().values() for rel in files
+                  if PurePosixPath(rel).parent == folder
+                  and PurePosixPath(rel).suffix in _SOURCES]
         best: tuple[int, str] | None = None
-        for rel in self.target.index.files:
-            if not rel.endswith(suffix):
+        for rel in dict.fromkeys([*(r for r in self.target.index.files if r.endswith(suffix)),
+                                  *beside]):
+            text = self.target.text(rel) if rel != hunk.path else None
+            if text is None:
                 continue
-            text = self.target.index.source(rel).decode("utf-8", errors="replace")
             shared = len(wanted & {flat(x) for x in text.splitlines()})
-            if shared >= max(2, len(wanted) / 2) and (best is None or shared > best[0]):
+            if shared >= max(2, len(wanted) / 3) and (best is None or shared > best[0]):
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
 
@@ -915,6 +921,7 @@ class _Target:
 _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
 
 
+_SOURCES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".m", ".mm", ".metal")
 WIDER = 12  # the base's lines each side of a hunk that break a tie between two places
 
 
