@@ -7,6 +7,7 @@ one rename-likeness rule shared with the anchors."""
 from __future__ import annotations
 
 import difflib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -546,3 +547,49 @@ RUN = ("void run_{n}(int x) {{\n    int alpha = x + 1;\n    int beta = alpha * 2
        "    int gamma = beta - 3;\n    int delta = gamma + 4;\n    return;\n}}\n\n")
 CHANGED = RUN.replace("gamma = beta - 3", "gamma = beta - 7").replace("void run_{n}",
                                                                        "void step_{n}")
+
+
+def _git_diff(tmp: Path, rel: str, before: str, after: str) -> str:
+    """git's diff of one file (with its "No newline at end of file" marks)."""
+    room = tmp / "diffs"
+    room.mkdir(exist_ok=True)
+    (room / "a").write_text(before)
+    (room / "b").write_text(after)
+    done = subprocess.run(["git", "diff", "--no-index", "--no-color", "a", "b"], cwd=room,
+                          capture_output=True, text=True, check=False)
+    body = done.stdout.split("\n@@", 1)[1]
+    return f"diff --git a/{rel} b/{rel}\n--- a/{rel}\n+++ b/{rel}\n@@" + body
+
+
+ENDS = """\
+int first(int il) {
+    if (il < 4) {
+        return il;
+    }
+
+    abort_now("fatal error");
+}
+
+int second(int il) {
+    return il * 8;
+}"""
+
+
+def test_a_hunk_that_ends_its_file_is_placed_at_the_target_files_end(tmp_path):
+    """Patch 1 appends a function to a file without a final newline; patch 2 appends another
+    after it, its context closing lines that the first function has too. Upstream added one
+    of its own at the end, so patch 2 does not apply: its place is the file's end, not the
+    end of the first function, whose closing lines look the same."""
+    third = "\n\nint third(int il) {\n    if (il < 16) {\n        return il;\n    }\n\n" \
+        "    abort_now(\"fatal error\");\n}"
+    first = ENDS + third
+    second = first + "\n\nint fourth(int il) {\n    return il * 2;\n}"
+    target = ENDS + "\n\nint upstreams(int il) {\n    return -il;\n}\n"
+    t = _run(tmp_path, {"src/a.cpp": ENDS}, {"src/a.cpp": target},
+             [[_git_diff(tmp_path, "src/a.cpp", ENDS, first)],
+              [_git_diff(tmp_path, "src/a.cpp", first, second)]])
+    hunk = t.patches[1].hunks[-1]
+    assert hunk.status == dm.CONFLICT and hunk.symbol is None, hunk.reason
+    assert hunk.nearest is not None
+    lines = len((tmp_path / "target" / "src" / "a.cpp").read_text().splitlines()) + 10
+    assert lines - 16 <= hunk.nearest.line <= lines, hunk.nearest

@@ -283,9 +283,14 @@ class _Target:
         key = (hunk.path, hunk.patch_index, hunk.old_start, hunk.text)
         if key not in self.starts:
             hay = self.base.flat_lines(hunk.path)
-            found = _find_block(hay, list(hunk.old_lines), hunk.old_start - 1)
-            if found is None:  # lines an earlier patch of the series added are not in the base
-                found = _voted_start(hay, list(hunk.old_lines), hunk.old_start - 1)
+            if _at_end(hunk):  # a hunk that ends its file is where the base's file ends
+                at = len(hay) - len(hunk.old_lines)
+                found = at if at >= 0 and hay[at:] == [flat(x) for x in hunk.old_lines] \
+                    else None
+            else:
+                found = _find_block(hay, list(hunk.old_lines), hunk.old_start - 1)
+                if found is None:  # lines an earlier patch added are not in the base
+                    found = _voted_start(hay, list(hunk.old_lines), hunk.old_start - 1)
             self.starts[key] = found if found is not None else hunk.old_start - 1
         return self.starts[key]
 
@@ -295,6 +300,8 @@ class _Target:
             return None
         first = self.base_start(hunk) + _changed_offset(hunk)
         last = max(len(self.base.flat_lines(hunk.path)), 1)
+        if first >= last:  # past the base's end (lines earlier patches added): no symbol
+            return None
         sym = self.base.index.enclosing(hunk.path, min(first + 1, last))
         if hunk.removed or sym is None:
             return sym
@@ -368,6 +375,8 @@ class _Target:
             near = self.nearest(hunk, hunk.path, None)
             if near is None and why_not:  # its symbol left the file: where did its lines go?
                 near = self.nearest_anywhere(hunk)
+            if near is None and _at_end(hunk):
+                near = self.at_end(hunk.path, len(hunk.old_lines))
             return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
                              nearest=near)
         home = self.home(hunk.path)
@@ -411,6 +420,15 @@ class _Target:
         end = min(self._line_now(tsym.file, tsym.end_line, always=True), len(lines))
         start = max(end - 2, 1)
         return Nearest(tsym.file, start, "\n".join(lines[start - 1:end]))
+
+    def at_end(self, rel: str, span: int) -> Nearest | None:
+        """The last `span` lines of the target's file: where a hunk that ends a file goes."""
+        current = self._current(rel)
+        if not current:
+            return None
+        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        start = max(len(lines) - span, 0)
+        return Nearest(rel, start + 1, "\n".join(lines[start:][:12]))
 
     # -- relocation --------------------------------------------------------------------
 
@@ -922,6 +940,11 @@ _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
 
 
 _SOURCES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".m", ".mm", ".metal")
+def _at_end(hunk: Hunk) -> bool:
+    """Whether the hunk's old side ends its file (its last line has no newline)."""
+    return bool(hunk.old_lines) and not hunk.old_lines[-1].endswith("\n")
+
+
 WIDER = 12  # the base's lines each side of a hunk that break a tie between two places
 
 
