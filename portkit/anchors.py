@@ -709,7 +709,8 @@ class Locator:
         if not any(c.symbol.kind == sym.kind and self._same_signature(sym, c.symbol)
                    for c in named):
             best: dict[int, Candidate] = {}
-            for cand in self._in_renamed_class(sym) + self._look_alikes(sym, floor):
+            for cand in self._in_renamed_class(sym) + self._became_method(sym) + \
+                    self._look_alikes(sym, floor):
                 held = best.get(id(cand.symbol))
                 if cand.confidence >= max(floor, LOCATE_FLOOR) and (
                         held is None or held.confidence < cand.confidence):
@@ -761,6 +762,32 @@ class Locator:
                         f"{sym.scope} became {home.symbol.qualname} ({home.why})"
                         + ("" if same else f"; {_shape(sym)} -> {_shape(other)}"), STRUCTURE))
         return found
+
+    def _became_method(self, sym: Symbol) -> list[Candidate]:
+        """A free function `<stem>_<rest>` that became the method `<rest>` of a class whose
+        name is `<stem>` or starts with `<stem>_` (llama_output_reserve ->
+        llama_context::output_reserve: a C API turned into a class's members; an `_impl`
+        that the method now is loses that suffix: llama_encode_impl ->
+        llama_context::encode). Only a method the base does not have, and only when one
+        class has it."""
+        if sym.kind != FUNCTION or sym.scope or self.target.by_qualname.get(sym.qualname):
+            return []
+        parts = sym.name.split("_")
+        found: dict[str, Symbol] = {}
+        for k in range(1, len(parts)):
+            stem, rest = "_".join(parts[:k]), "_".join(parts[k:])
+            names = [rest] + ([rest[:-len("_impl")]] if rest.endswith("_impl") else [])
+            for other in (o for name in names for o in self.target.by_name.get(name, ())):
+                owner = other.scope.rsplit("::", 1)[-1]
+                if other.kind == FUNCTION and owner and (owner == stem or owner.startswith(
+                        stem + "_")) and not self.base.by_qualname.get(other.qualname):
+                    found.setdefault(other.qualname, other)
+        if len(found) != 1:
+            return []
+        (other,) = found.values()
+        confidence = CONFIDENCE[STRUCTURE] * (MOVED if other.file != sym.file else 1.0)
+        return [Candidate(other, confidence, f"{sym.name} became the method {other.qualname}",
+                          STRUCTURE)]
 
     def _homes_of(self, scope: str) -> list[Candidate]:
         if scope not in self._homes:

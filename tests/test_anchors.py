@@ -488,6 +488,37 @@ def test_locate_finds_nothing_for_what_is_gone():
     assert locate(base, sym, target) == []
 
 
+def test_locate_a_free_function_that_became_a_method_of_its_class():
+    """The C API moved into classes: llama_output_reserve became
+    llama_context::output_reserve, and llama_encode_impl (the implementation of
+    llama_encode) became llama_context::encode. A method the base had already, or one that
+    two classes have, is no such move."""
+    base = snippet_index({"ctx.cpp": (
+        "int llama_output_reserve(struct llama_context & lctx, int n) {\n    return n;\n}\n"
+        "int llama_encode_impl(struct llama_context & lctx, int n) {\n    return n + 1;\n}\n"
+        "int llama_state_size(struct llama_context & lctx) {\n    return 0;\n}\n"
+        "int llama_kv_clear(struct llama_context & lctx) {\n    return 0;\n}\n"
+        "struct llama_model { int state_size(); };\n")})
+    target = snippet_index({"ctx.cpp": (
+        "struct llama_context { int output_reserve(int n); int encode(int n); };\n"
+        "int llama_context::output_reserve(int n) {\n    return n * 2;\n}\n"
+        "int llama_context::encode(int n) {\n    return n + 2;\n}\n"
+        "int llama_model::state_size() {\n    return 1;\n}\n"
+        "struct llama_kv_a { int clear(); };\nstruct llama_kv_b { int clear(); };\n"
+        "int llama_kv_a::clear() {\n    return 1;\n}\nint llama_kv_b::clear() {\n"
+        "    return 2;\n}\n")})
+    locator = Locator(base, target)
+    for name, method in (("llama_output_reserve", "llama_context::output_reserve"),
+                         ("llama_encode_impl", "llama_context::encode")):
+        (sym,) = base.find(name, {FUNCTION})
+        found = [c for c in locator.locate(sym) if c.confidence >= 0.6]
+        assert found and found[0].symbol.qualname == method, found
+        assert f"{name} became the method {method}" in found[0].why
+    for name in ("llama_state_size", "llama_kv_clear"):  # the base has it; two classes do
+        (sym,) = base.find(name, {FUNCTION})
+        assert not [c for c in locator.locate(sym) if "became the method" in c.why]
+
+
 # -- locate on real trees ---------------------------------------------------------------------
 
 

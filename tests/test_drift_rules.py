@@ -244,6 +244,9 @@ def test_rule_removed_lines_gone(tmp_path):
     assert removed_lines_gone(yes) == "the 1 lines it removes are gone"
     no = _place(tmp_path / "no", FUNC, FUNC.replace("return y", "return y + 0"), hunk)
     assert removed_lines_gone(no) == ""
+    rewritten = "int f(long x) {\n    long z = x;\n    return (int) z;\n}\n"
+    gone = _place(tmp_path / "rewritten", FUNC, rewritten, hunk)
+    assert removed_lines_gone(gone) == "", "the code around them is gone too: no evidence"
 
 
 def test_rule_new_names_there(tmp_path):
@@ -593,3 +596,33 @@ def test_a_hunk_that_ends_its_file_is_placed_at_the_target_files_end(tmp_path):
     assert hunk.nearest is not None
     lines = len((tmp_path / "target" / "src" / "a.cpp").read_text().splitlines()) + 10
     assert lines - 16 <= hunk.nearest.line <= lines, hunk.nearest
+
+
+def test_lines_a_line_apart_still_place_a_hunk(tmp_path):
+    """Upstream added a line between two of the hunk's context lines and rewrote the others:
+    the two left are one line further apart than in the base, and together they still say
+    where the hunk's code is."""
+    target = "// filler\n" * 20 + (
+        "int g(long x) {\n    int alpha = x + 1;\n    // upstream's note\n"
+        "    int beta = alpha * 2;\n    int gamma = beta - 30;\n    int delta = gamma + 40;\n"
+        "    return delta * 2;\n}\n")
+    t = _run(tmp_path, {"src/a.cpp": STEPS}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT, hunk.reason
+    place = hunk.nearest
+    assert place is not None and 20 <= place.line <= 23, hunk
+
+
+def test_a_located_function_whose_lines_went_to_another_file_is_placed_there(tmp_path):
+    """f is still in a.cpp (a wrapper now), its lines went to steps.cpp: the nearest match is
+    in steps.cpp, not in f."""
+    moved = STEPS.replace("int f(int x)", "int steps_run(int x)").replace(
+        "gamma = beta - 3", "gamma = beta - 5")
+    t = _run(tmp_path, {"src/a.cpp": STEPS},
+             {"src/a.cpp": "int f(int x) {\n    return steps_run(x);\n}\n",
+              "src/steps.cpp": moved},
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT and "its lines are not in f " in hunk.reason, hunk
+    assert hunk.nearest is not None and hunk.nearest.file == "src/steps.cpp"

@@ -44,6 +44,12 @@ class Place:
         return _meaningful(self.hunk.added)
 
     @cached_property
+    def context(self) -> list[str]:
+        """The hunk's meaningful context lines (its old side without what it removes)."""
+        removed = set(self.hunk.removed)
+        return _meaningful(line for line in self.hunk.old_lines if line not in removed)
+
+    @cached_property
     def removed(self) -> list[str]:
         return [r for r in _meaningful(self.hunk.removed) if r not in set(self.added)]
 
@@ -68,8 +74,13 @@ def added_lines_there(p: Place) -> str:
 
 
 def removed_lines_gone(p: Place) -> str:
-    """A hunk that only removes lines: none of them is there any more."""
+    """A hunk that only removes lines: none of them is there any more, while the lines
+    around them are (at least half of its meaningful context: where upstream rewrote the
+    code around them too, their absence says nothing)."""
     if p.added or not p.removed or any(r in p.here for r in p.removed):
+        return ""
+    context = [c for c in p.context if c not in set(p.removed)]
+    if context and 2 * sum(c in p.here for c in context) < len(context):
         return ""
     return f"the {len(p.removed)} lines it removes are gone"
 

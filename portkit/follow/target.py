@@ -349,8 +349,8 @@ class _Target:
                     f"{cand.strategy}", patch_line, offset, fuzz, name,
                     Moved(tsym.file, line, tsym.qualname, cand.strategy or "similarity"))
             near = self.nearest(hunk, tsym.file, (tsym.start_line, tsym.end_line))
-            if near is None:  # its lines are not in the symbol: elsewhere in the file?
-                away = self.nearest(hunk, tsym.file, None)
+            if near is None:  # its lines are not in the symbol: elsewhere, in another file?
+                away = self.nearest(hunk, tsym.file, None) or self.nearest_anywhere(hunk)
                 if away is not None:
                     return HunkDrift(
                         hunk.path, hunk.old_start, CONFLICT,
@@ -655,17 +655,18 @@ class _Target:
             return None
         lines = current.decode("utf-8", errors="surrogateescape").splitlines()
         lo, hi = (max(span[0] - 1, 0), span[1]) if span else (0, len(lines))
-        votes: Counter[int] = Counter()
         where: dict[str, list[int]] = defaultdict(list)
         for i in range(lo, min(hi, len(lines))):
             where[flat(lines[i])].append(i)
         old = list(hunk.old_lines)
+        voters: dict[int, set[int]] = defaultdict(set)  # a start -> the old lines there
         for pos, line in enumerate(old):
             key = flat(line)
             if len(key) < _MEANINGFUL:
                 continue
             for i in where.get(key, ()):
-                votes[i - pos] += 1
+                voters[i - pos].add(pos)
+        votes = _clustered(voters)
         if not votes:
             votes = self._alike_votes(old, lines, lo, min(hi, len(lines)))
         if not votes:
@@ -940,6 +941,24 @@ _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
 
 
 _SOURCES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".m", ".mm", ".metal")
+SHIFT = 2  # lines a hunk's old lines may have drifted apart by (a line added between)
+
+
+def _clustered(voters: dict[int, set[int]]) -> Counter[int]:
+    """Votes for where a hunk starts: at each start, how many of its old lines are there,
+    counting those that are there up to SHIFT lines off (upstream added or removed a line
+    between them); each start keeps the count of the best start near it only where it is
+    that best start itself."""
+    votes: Counter[int] = Counter()
+    for start in voters:
+        near = set().union(*(voters.get(start + d, set()) for d in range(-SHIFT, SHIFT + 1)))
+        best = max((len(voters.get(start + d, ())), -abs(d), start + d)
+                   for d in range(-SHIFT, SHIFT + 1))
+        if best[2] == start:
+            votes[start] = len(near)
+    return votes
+
+
 def _at_end(hunk: Hunk) -> bool:
     """Whether the hunk's old side ends its file (its last line has no newline)."""
     return bool(hunk.old_lines) and not hunk.old_lines[-1].endswith("\n")
