@@ -895,3 +895,32 @@ def test_text_first_a_patch_that_needs_a_human_still_carries_what_merged(tmp_pat
     assert third.status == rb.NEEDS_REVIEW
     assert "an earlier patch that was left out changes the same file: src/tool.cpp " \
         "(0001-both-two-files.patch)" in third.reason
+
+
+STEPS = ("int f(int x) {\n    int alpha = x + 1;\n    int beta = alpha * 2;\n"
+         "    int gamma = beta - 3;\n    int delta = gamma + 4;\n    return delta;\n}\n")
+
+
+def test_a_patch_on_the_file_where_a_hunk_left_for_a_human_belongs_is_for_review(tmp_path):
+    """Upstream moved f's code out of a.cpp into steps.cpp (renamed, a line changed): patch
+    1's hunk on it needs a human, and its nearest match is in steps.cpp. Patch 2 changes
+    steps.cpp and applies: it is carried, for review, since the change a human is to make
+    there comes before it. A patch on a file no such hunk belongs in is not told so."""
+    moved = STEPS.replace("int f(int x)", "int steps_run(int x)").replace(
+        "gamma = beta - 3", "gamma = beta - 5") + "\nint tail(void) {\n    return 0;\n}\n"
+    other = "int other(void) {\n    return 1;\n}\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/a.cpp": STEPS + "\n" + other, "src/other.cpp": other,
+                   "src/steps.cpp": "int tail(void) {\n    return 0;\n}\n"},
+        {**BASE, "src/a.cpp": other, "src/steps.cpp": moved, "src/other.cpp": other},
+        [("f: count more", {"src/a.cpp": ("    int beta = alpha * 2;\n",
+                                          "    int beta = alpha * 2;\n    beta += 10;\n")}),
+         ("steps: tail", {"src/steps.cpp": ("    return 0;\n", "    return 7;\n")}),
+         ("other: more", {"src/other.cpp": ("    return 1;\n", "    return 2;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second, third = done.report.patches
+    assert first.status == rb.NEEDS_HUMAN, first.reason
+    assert second.status == rb.NEEDS_REVIEW, second.reason
+    assert "an earlier patch that was left out changes the same file: src/steps.cpp " \
+        "(0001-f-count-more.patch)" in second.reason
+    assert third.status == rb.UNCHANGED, third.reason

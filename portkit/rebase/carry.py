@@ -160,6 +160,9 @@ class _Outcome:
     conflict: str = ""  # the side file's text (needs-human)
     modes: dict[str, int] = field(default_factory=dict)  # git's mode of a file in `after`
     settled: bool = False  # carried only through portkit's settling of git's conflicts
+    # needs-human: the target files where its hunks left for a human belong (as drift
+    # located them: their code moved there, or its nearest match is there)
+    pending: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,7 @@ class _Carrier:
                 self.left_out.setdefault(name, patch.name)
             # What text did carry, it still carries: later patches find those files as the
             # series leaves them, and only the files left for a human are missing.
-            for rel in text.failed:
+            for rel in (*text.failed, *outcome.pending):
                 self.left_out_files.setdefault(rel, patch.name)
             # only the files later patches change are carried in part (what no later patch
             # needs waits for the human whole), and none whose every hunk upstream has
@@ -721,7 +724,10 @@ class _Carrier:
 
     def _human(self, patch: Patch, drift: dm.PatchDrift, reason: str,
                before_base: dict[str, bytes | None]) -> _Outcome:
-        return _Outcome(NEEDS_HUMAN, reason,
+        pending = tuple(dict.fromkeys(
+            place.file for d in drift.hunks if d.status == dm.CONFLICT
+            for place in (d.moved_to or d.nearest,) if place is not None))
+        return _Outcome(NEEDS_HUMAN, reason, pending=pending,
                         conflict=self._side_file(patch, drift, reason, before_base))
 
     def _side_file(self, patch: Patch, drift: dm.PatchDrift, reason: str,
