@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
@@ -42,7 +43,18 @@ from portkit.series import (
 )
 from portkit.transaction import checkpoint
 
-CLEAN, OFFSET, FUZZ, ALREADY, FAILED = "clean", "offset", "fuzz", "already-applied", "failed"
+
+class Landed(StrEnum):
+    """What the patch engine (GNU patch) says of one hunk."""
+
+    CLEAN = "clean"
+    OFFSET = "offset"
+    FUZZ = "fuzz"
+    ALREADY = "already-applied"
+    FAILED = "failed"
+
+
+CLEAN, OFFSET, FUZZ, ALREADY, FAILED = Landed
 LANDED = (CLEAN, OFFSET, FUZZ)
 SEVERITY = {CLEAN: 0, OFFSET: 1, FUZZ: 2, ALREADY: 3, FAILED: 4}
 DEFAULT_FUZZ = 2
@@ -58,7 +70,7 @@ class HunkResult:
     file: str  # the file in the tree
     index: int  # the hunk's index within its file, from 0 (GNU patch's "Hunk #" is index + 1)
     old_start: int
-    status: str  # clean, offset, fuzz, already-applied or failed
+    status: Landed
     offset: int = 0  # lines from where the hunk says it belongs (GNU patch's figure)
     fuzz: int = 0
     # where it landed (GNU patch's figure, in the patched file), where its new side was found

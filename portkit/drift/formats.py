@@ -35,6 +35,7 @@ from portkit.drift.model import (
     RELOCATED,
     SEMANTIC,
     STATUSES,
+    Drift,
     DriftReport,
     HunkDrift,
     Moved,
@@ -597,7 +598,7 @@ pre { background: #f6f8fa; border-radius: 6px; padding: 8px 10px; overflow-x: au
 """
 
 
-def _chip(status: str) -> str:
+def _chip(status: Drift) -> str:
     bg, fg = HEAT[status]
     return f'<span class="chip" style="background:{bg};color:{fg}">{status}</span>'
 

@@ -19,6 +19,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from portkit.errors import InputError, PortkitError, UsageError
@@ -26,17 +27,22 @@ from portkit.errors import InputError, PortkitError, UsageError
 SCHEMA = "portkit-drift/2"
 SCHEMAS = ("portkit-drift/1", SCHEMA)  # what the reader takes (1: no fork, nothing left out)
 
-CLEAN = "clean"
-OFFSET = "offset"
-FUZZ = "fuzz"
-RELOCATED = "relocated"
-CONFLICT = "conflict"
-ALREADY_APPLIED = "already-applied"
-PRESENT_UPSTREAM = "present-upstream"
+class Drift(StrEnum):
+    """How one hunk of a patch fares on a target. In display order (summary keys, table
+    columns): how far a patch has drifted, then the two statuses of a change that is in the
+    tree already."""
 
-# Display order (summary keys, table columns): how far a patch has drifted, then the two
-# statuses of a change that is in the tree already.
-STATUSES = (CLEAN, OFFSET, FUZZ, RELOCATED, CONFLICT, ALREADY_APPLIED, PRESENT_UPSTREAM)
+    CLEAN = "clean"
+    OFFSET = "offset"
+    FUZZ = "fuzz"
+    RELOCATED = "relocated"
+    CONFLICT = "conflict"
+    ALREADY_APPLIED = "already-applied"
+    PRESENT_UPSTREAM = "present-upstream"
+
+
+CLEAN, OFFSET, FUZZ, RELOCATED, CONFLICT, ALREADY_APPLIED, PRESENT_UPSTREAM = Drift
+STATUSES = tuple(Drift)
 # Order for worst(): higher is worse. A hunk already in the tree needs nothing, so it ranks
 # below clean; already-applied is the narrower claim (the exact patch is there), so a patch
 # whose hunks are there partly verbatim and partly in upstream's own form is present-upstream.
@@ -70,7 +76,7 @@ _FAILING_STATUSES = {
 }
 
 
-def worst(statuses: Iterable[str]) -> str:
+def worst(statuses: Iterable[Drift]) -> Drift:
     """The worst of hunk statuses under RANK; clean when there are none."""
     return max(statuses, key=RANK.__getitem__, default=CLEAN)
 
@@ -123,7 +129,7 @@ class HunkDrift:
 
     file: str
     old_start: int
-    status: str
+    status: Drift
     reason: str
     patch_line: int
     offset: int = 0
@@ -134,6 +140,7 @@ class HunkDrift:
 
     def __post_init__(self) -> None:
         _require(self.status in RANK, f"status: {_one_of(self.status, STATUSES)}")
+        object.__setattr__(self, "status", Drift(self.status))  # read from JSON: a str
         _require(self.old_start >= 0, f"old_start: {self.old_start} is negative")
         _require(self.fuzz >= 0, f"fuzz: {self.fuzz} is negative")
         _require(self.patch_line >= 1, f"patch_line: {self.patch_line} is not a line number")
@@ -162,7 +169,7 @@ class PatchDrift:
     semantic: tuple[SemanticChange, ...] = ()
 
     @property
-    def status(self) -> str:
+    def status(self) -> Drift:
         return worst(h.status for h in self.hunks)
 
     def hunk_counts(self) -> dict[str, int]:
@@ -185,7 +192,7 @@ class TargetDrift:
         """Patches per status (every status, summing to the number of patches), then how many
         patches have semantic drift."""
         counts = Counter(p.status for p in self.patches)
-        summary = {s: counts[s] for s in STATUSES}
+        summary: dict[str, int] = {s: counts[s] for s in STATUSES}
         summary[SEMANTIC] = sum(1 for p in self.patches if p.semantic)
         return summary
 
@@ -426,7 +433,7 @@ def _read_patch(data: Any, where: str) -> PatchDrift:
                        semantic=obj.items("semantic", _read_semantic))
     if status != patch.status:
         raise _bad(obj.at("status"), f"{status[:40]!r} is not its worst hunk's status "
-                                     f"{patch.status!r}")
+                                     f"{patch.status.value!r}")
     return patch
 
 

@@ -73,6 +73,7 @@ from portkit.follow.words import (
 )
 from portkit.hunks import (
     ALREADY,
+    Landed,
     PatchResult,
     _gnu,
     _verdicts,
@@ -171,7 +172,7 @@ class _Target:
 
     # -- one hunk ----------------------------------------------------------------------
 
-    def _hunk(self, patch: Patch, hunk: Hunk, status: str, offset: int, fuzz: int,
+    def _hunk(self, patch: Patch, hunk: Hunk, status: Landed, offset: int, fuzz: int,
               reason: str, patch_line: int, found: int | None = None) -> HunkDrift:
         base_sym = self.base_symbol(hunk)
         name = base_sym.qualname if base_sym else None

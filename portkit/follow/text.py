@@ -24,6 +24,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from portkit.errors import ToolFailed
@@ -33,9 +34,15 @@ LABELS = ("target", "base", "series")
 _OURS, _BASE, _SEP, _THEIRS = (b"<<<<<<< " + LABELS[0].encode(), b"||||||| " +
                                LABELS[1].encode(), b"=======", b">>>>>>> " + LABELS[2].encode())
 
-BESIDE = "beside"
-SAME_POINT = "same-point"
-ALREADY = "already"
+class Settled(StrEnum):
+    """How the line merge settled one block git's merge stopped at (see the module's text)."""
+
+    BESIDE = "beside"
+    SAME_POINT = "same-point"
+    ALREADY = "already"
+
+
+BESIDE, SAME_POINT, ALREADY = Settled
 
 
 def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
@@ -62,7 +69,7 @@ class Merged:
 
     data: bytes
     conflicts: int
-    settled: tuple[str, ...] = ()  # how each settled block was settled (BESIDE, SAME_POINT)
+    settled: tuple[Settled, ...] = ()  # how each settled block was settled
 
 
 def _insertion(base: Sequence[bytes], side: Sequence[bytes]) -> int | None:
@@ -84,7 +91,7 @@ def _within(needle: Sequence[bytes], hay: Sequence[bytes]) -> bool:
 
 
 def _settle_block(ours: list[bytes], base: list[bytes],
-                  theirs: list[bytes]) -> tuple[list[bytes], str] | None:
+                  theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
     """One conflict block resolved when the text orders it, else None."""
     mine = _insertion(base, theirs)  # the series (theirs) only inserts
     upstream = _insertion(base, ours)  # the target (ours) only inserts
@@ -100,7 +107,7 @@ def _settle_block(ours: list[bytes], base: list[bytes],
 
 
 def _beside(inserting: list[bytes], at: int, base: int,
-            rewritten: list[bytes]) -> tuple[list[bytes], str] | None:
+            rewritten: list[bytes]) -> tuple[list[bytes], Settled] | None:
     """One side inserted lines at `at` of the block's `base` lines, the other rewrote them:
     the insertion on its side of the rewrite, when it is at the start or the end."""
     added = inserting[at:at + len(inserting) - base]
@@ -116,7 +123,7 @@ def settle(merged: bytes) -> Merged:
     resolved; the others left as they are."""
     lines = merged.splitlines(keepends=True)
     out: list[bytes] = []
-    settled: list[str] = []
+    settled: list[Settled] = []
     left = 0
     i = 0
     while i < len(lines):

@@ -33,6 +33,7 @@ from portkit.rebase.report import (
     RELOCATED,
     STATUSES,
     UNCHANGED,
+    Verdict,
 )
 from portkit.series import (
     REGULAR,
@@ -138,7 +139,7 @@ class _Piece:
     """One hunk (or a file's hunks that land as they are) carried: how, the target file it
     changes and that file's bytes with it, what was done and what a reviewer must check."""
 
-    status: str
+    status: Verdict
     file: str
     data: bytes | None
     said: str = ""
@@ -154,7 +155,7 @@ def _by_file(pieces: Sequence[_Piece]) -> dict[str, list[bytes | None]]:
 
 @dataclass
 class _Outcome:
-    status: str
+    status: Verdict
     reason: str
     after: dict[str, bytes | None] = field(default_factory=dict)  # target files it changes
     conflict: str = ""  # the side file's text (needs-human)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from portkit.drift import model as dm
@@ -21,25 +22,19 @@ from portkit.series import (
 SCHEMA = "portkit-rebase/2"
 
 
-UNCHANGED = "unchanged"
+class Verdict(StrEnum):
+    """What became of one patch of a rebased series, from least to most attention."""
+
+    UNCHANGED = "unchanged"  # carried as it is (its lines may have moved)
+    MERGED = "merged"  # carried, merged three ways or without hunks upstream has already
+    RELOCATED = "relocated"  # a hunk went where drift followed its code
+    DROPPED = "dropped"  # upstream has it: left out of the carried series
+    NEEDS_HUMAN = "needs-human"  # not carried (or only in part): a side file holds the rest
+    NEEDS_REVIEW = "needs-review"  # carried, with something a person must check
 
 
-MERGED = "merged"
-
-
-RELOCATED = "relocated"
-
-
-DROPPED = "dropped"
-
-
-NEEDS_HUMAN = "needs-human"
-
-
-NEEDS_REVIEW = "needs-review"
-
-
-STATUSES = (UNCHANGED, MERGED, RELOCATED, DROPPED, NEEDS_HUMAN, NEEDS_REVIEW)
+UNCHANGED, MERGED, RELOCATED, DROPPED, NEEDS_HUMAN, NEEDS_REVIEW = Verdict
+STATUSES = tuple(Verdict)
 
 
 ATTENTION = (NEEDS_HUMAN, NEEDS_REVIEW)
@@ -60,7 +55,7 @@ class RebasedPatch:
 
     file: str
     subject: str
-    status: str
+    status: Verdict
     reason: str
     output: str | None  # its file name in the carried series; None when left out
     conflict: str | None = None  # the side file (relative to --out) of a needs-human patch
@@ -68,6 +63,7 @@ class RebasedPatch:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+        object.__setattr__(self, "status", Verdict(self.status))
 
 
 @dataclass(frozen=True)
