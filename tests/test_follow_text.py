@@ -4,7 +4,7 @@ where it must not."""
 
 from __future__ import annotations
 
-from portkit.follow.text import ALREADY, BESIDE, SAME_POINT, merge, merge3
+from portkit.follow.text import ALREADY, BESIDE, DELETED, EDITED, SAME_POINT, merge, merge3
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 13))
 
@@ -82,3 +82,52 @@ def test_already_is_not_a_line_that_is_merely_alike():
     done = merge(ours, BASE, theirs)
     assert done.settled == (SAME_POINT,)
     assert done.data.count(b"patch") == 2
+
+
+AMX = lines(1, 2, 3, b"    if (NOT MSVC)\n", b"        variant(sapphirerapids AVX F16C FMA AMX)\n",
+            b"    endif()\n", b"else ()\n", 8, 9, 10, 11, 12)
+
+
+def test_deleted_lines_the_patch_deletes_beside_a_line_upstream_rewrote_are_deleted():
+    """The patch deletes the AMX block; upstream rewrote the line right after it (git: a
+    conflict): the block goes, upstream's line stays."""
+    ours = AMX.replace(b"else ()\n", b"elseif (GGML_CPU)\n")
+    theirs = AMX.replace(b"    if (NOT MSVC)\n        variant(sapphirerapids AVX F16C FMA AMX)\n"
+                         b"    endif()\n", b"")
+    assert merge3(ours, AMX, theirs)[1] == 1
+    done = merge(ours, AMX, theirs)
+    assert done.conflicts == 0 and done.settled == (DELETED,)
+    assert done.data == theirs.replace(b"else ()\n", b"elseif (GGML_CPU)\n")
+
+
+def test_deleted_is_not_a_deletion_of_lines_upstream_rewrote():
+    """Upstream rewrote the very lines the patch deletes, beyond alike: a conflict."""
+    ours = AMX.replace(b"variant(sapphirerapids AVX F16C FMA AMX)",
+                       b"add_amx_variants(ALL)").replace(b"    if (NOT MSVC)\n", b"    if (1)\n")
+    theirs = AMX.replace(b"    if (NOT MSVC)\n        variant(sapphirerapids AVX F16C FMA AMX)\n"
+                         b"    endif()\n", b"")
+    done = merge(ours, AMX, theirs)
+    assert done.conflicts == 1 and not done.settled
+
+
+def test_edited_lines_the_patch_deletes_go_as_upstream_edited_them():
+    """Upstream added BMI2 to every variant line, the one the patch deletes among them: the
+    patch's deletion takes upstream's edited lines, upstream's other edits stay."""
+    ours = AMX.replace(b"AVX F16C FMA", b"AVX F16C BMI2 FMA").replace(b"line 3\n",
+                                                                    b"line 3 BMI2\n")
+    theirs = AMX.replace(b"    if (NOT MSVC)\n        variant(sapphirerapids AVX F16C FMA AMX)\n"
+                         b"    endif()\n", b"")
+    assert merge3(ours, AMX, theirs)[1] == 1
+    done = merge(ours, AMX, theirs)
+    assert done.conflicts == 0 and done.settled == (EDITED,)
+    assert done.data == theirs.replace(b"line 3\n", b"line 3 BMI2\n")
+
+
+def test_edited_is_not_upstream_deleting_lines_the_patch_edited():
+    """The other way round, the patch's edit would be lost: a conflict."""
+    theirs = AMX.replace(b"AVX F16C FMA", b"AVX F16C BMI2 FMA").replace(b"line 3\n",
+                                                                      b"line 3 BMI2\n")
+    ours = AMX.replace(b"    if (NOT MSVC)\n        variant(sapphirerapids AVX F16C FMA AMX)\n"
+                       b"    endif()\n", b"")
+    done = merge(ours, AMX, theirs)
+    assert done.conflicts == 1 and not done.settled

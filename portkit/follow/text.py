@@ -14,6 +14,14 @@ only those blocks where the order is given by the text itself:
            then upstream's. The order is a choice, so the caller reports it for review.
   already  the lines the patch inserts are in the target's side of the block already: the
            target's side stands.
+  deleted  one side only deletes lines at the very start or the very end of the region,
+           the other rewrote the rest and kept those lines as they were: they are deleted
+           (a deletion beside a rewrite, as `beside` is an insertion beside one).
+  edited   the patch deletes lines at the start or the end of the region and upstream
+           edited each of them, keeping it alike (most characters in common), and rewrote
+           the rest: they are deleted as upstream has them. Deleting an edited line is a
+           choice, so the caller reports it for review. (Upstream deleting lines the patch
+           edited stays a conflict: the patch's change would be lost.)
 
 Every other conflict stays a conflict: structure (portkit.drift) or a human decides it.
 """
@@ -24,6 +32,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from enum import StrEnum
 from pathlib import Path
 
@@ -40,9 +49,12 @@ class Settled(StrEnum):
     BESIDE = "beside"
     SAME_POINT = "same-point"
     ALREADY = "already"
+    DELETED = "deleted"
+    EDITED = "edited"
 
 
-BESIDE, SAME_POINT, ALREADY = Settled
+BESIDE, SAME_POINT, ALREADY, DELETED, EDITED = Settled
+ALIKE_LINE = 0.8  # how alike a line upstream edited is to the one a patch deletes
 
 
 def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
@@ -103,7 +115,48 @@ def _settle_block(ours: list[bytes], base: list[bytes],
         return _beside(theirs, mine, len(base), ours)
     if upstream is not None and mine is None:
         return _beside(ours, upstream, len(base), theirs)
+    return _deleted_beside(ours, base, theirs)
+
+
+def _end_deletion(base: Sequence[bytes], side: Sequence[bytes]) -> tuple[int, bool] | None:
+    """Where `side` is `base` with a run of lines deleted at its very start or very end and
+    nothing else changed: how many, and whether at the start; else None."""
+    n = len(base) - len(side)
+    if n <= 0:
+        return None
+    if list(base[n:]) == list(side):
+        return n, True
+    if list(base[:len(side)]) == list(side):
+        return n, False
     return None
+
+
+def _deleted_beside(ours: list[bytes], base: list[bytes],
+                    theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
+    """One side only deletes lines at the start or the end of the block, the other rewrote
+    the rest: the deletion applies to those lines where the rewriting side still has them at
+    that end, as they were (DELETED), or, when the patch deletes, each edited by upstream but
+    alike (EDITED)."""
+    for deleting, other in ((theirs, ours), (ours, theirs)):
+        patch_deletes = deleting is theirs
+        found = _end_deletion(base, deleting)
+        if found is None or _end_deletion(base, other) is not None:
+            continue
+        n, at_start = found
+        gone, kept = (base[:n], other[:n]) if at_start else (base[-n:], other[-n:])
+        if len(other) < n or (len(other) == n and other != gone):
+            continue
+        rest = other[n:] if at_start else other[:len(other) - n]
+        if kept == gone:
+            return rest, DELETED
+        if patch_deletes and all(_alike(a, b) for a, b in zip(gone, kept, strict=True)):
+            return rest, EDITED
+    return None
+
+
+def _alike(a: bytes, b: bytes) -> bool:
+    """Two lines that are one edited into the other: most of their characters in common."""
+    return SequenceMatcher(None, a.strip(), b.strip(), autojunk=False).ratio() >= ALIKE_LINE
 
 
 def _beside(inserting: list[bytes], at: int, base: int,

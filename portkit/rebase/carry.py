@@ -21,7 +21,7 @@ from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
-from portkit.follow.text import BESIDE, SAME_POINT, merge, merge3
+from portkit.follow.text import BESIDE, DELETED, EDITED, SAME_POINT, merge, merge3
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
 from portkit.proc import git
@@ -423,6 +423,8 @@ class _Carrier:
                 result = merged.data
                 same = merged.settled.count(SAME_POINT)
                 beside = merged.settled.count(BESIDE)
+                deleted = merged.settled.count(DELETED)
+                edited = merged.settled.count(EDITED)
                 if THERE_ALREADY in merged.settled:
                     said.append(f"{home}: what it inserts at "
                                 f"{merged.settled.count(THERE_ALREADY)} "
@@ -435,6 +437,13 @@ class _Carrier:
                     review.append(f"{home}: git's merge stops at {beside} insertion(s) right "
                                   "next to lines upstream rewrote: each was kept on its side "
                                   "of them")
+                if deleted:
+                    review.append(f"{home}: git's merge stops at {deleted} deletion(s) right "
+                                  "next to lines upstream rewrote: the lines were deleted as "
+                                  "they were")
+                if edited:
+                    review.append(f"{home}: upstream edited the lines this patch deletes "
+                                  f"({edited}x): they were deleted as upstream has them")
             if result != o or (result is not None and mode != ours_modes.get(home)):
                 after[home] = result
                 modes[home] = mode
