@@ -4,7 +4,16 @@ where it must not."""
 
 from __future__ import annotations
 
-from portkit.follow.text import ALREADY, BESIDE, DELETED, EDITED, SAME_POINT, merge, merge3
+from portkit.follow.text import (
+    ALREADY,
+    BESIDE,
+    DELETED,
+    EDITED,
+    SAME_POINT,
+    WORDS,
+    merge,
+    merge3,
+)
 
 BASE = b"".join(b"line %d\n" % i for i in range(1, 13))
 
@@ -130,4 +139,27 @@ def test_edited_is_not_upstream_deleting_lines_the_patch_edited():
     ours = AMX.replace(b"    if (NOT MSVC)\n        variant(sapphirerapids AVX F16C FMA AMX)\n"
                        b"    endif()\n", b"")
     done = merge(ours, AMX, theirs)
+    assert done.conflicts == 1 and not done.settled
+
+
+CHARSMAP = lines(1, 2, b"    size_t n = gguf_get_arr_n(ctx, keyidx);\n", 4, 5, 6)
+
+
+def test_words_a_name_the_patch_renames_in_a_line_upstream_extended_is_merged_word_by_word():
+    """The patch renames the call; upstream made the variable const and checked the type on
+    a line before it (git: a conflict, both changed that line): each keeps its words."""
+    ours = CHARSMAP.replace(b"    size_t n = gguf_get_arr_n(ctx, keyidx);\n",
+                            b"    check_type(ctx, keyidx);\n"
+                            b"    const size_t n = gguf_get_arr_n(ctx, keyidx);\n")
+    theirs = CHARSMAP.replace(b"gguf_get_arr_n(", b"gguf_get_arr_data_n(")
+    assert merge3(ours, CHARSMAP, theirs)[1] == 1
+    done = merge(ours, CHARSMAP, theirs)
+    assert done.conflicts == 0 and done.settled == (WORDS,)
+    assert done.data == ours.replace(b"gguf_get_arr_n(", b"gguf_get_arr_data_n(")
+
+
+def test_words_is_not_two_changes_of_one_word():
+    ours = CHARSMAP.replace(b"gguf_get_arr_n(", b"gguf_get_arr_count(")
+    theirs = CHARSMAP.replace(b"gguf_get_arr_n(", b"gguf_get_arr_data_n(")
+    done = merge(ours, CHARSMAP, theirs)
     assert done.conflicts == 1 and not done.settled

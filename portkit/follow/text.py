@@ -22,6 +22,9 @@ only those blocks where the order is given by the text itself:
            the rest: they are deleted as upstream has them. Deleting an edited line is a
            choice, so the caller reports it for review. (Upstream deleting lines the patch
            edited stays a conflict: the patch's change would be lost.)
+  words    both sides changed the same lines, but not the same words of them (a name the
+           patch renames in a line upstream reindented or extended): git's merge of the
+           block's words, one word to a line. Reported for review.
 
 Every other conflict stays a conflict: structure (portkit.drift) or a human decides it.
 """
@@ -51,9 +54,10 @@ class Settled(StrEnum):
     ALREADY = "already"
     DELETED = "deleted"
     EDITED = "edited"
+    WORDS = "words"
 
 
-BESIDE, SAME_POINT, ALREADY, DELETED, EDITED = Settled
+BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, WORDS = Settled
 ALIKE_LINE = 0.8  # how alike a line upstream edited is to the one a patch deletes
 
 
@@ -115,7 +119,7 @@ def _settle_block(ours: list[bytes], base: list[bytes],
         return _beside(theirs, mine, len(base), ours)
     if upstream is not None and mine is None:
         return _beside(ours, upstream, len(base), theirs)
-    return _deleted_beside(ours, base, theirs)
+    return _deleted_beside(ours, base, theirs) or _by_words(ours, base, theirs)
 
 
 def _end_deletion(base: Sequence[bytes], side: Sequence[bytes]) -> tuple[int, bool] | None:
@@ -152,6 +156,27 @@ def _deleted_beside(ours: list[bytes], base: list[bytes],
         if patch_deletes and all(_alike(a, b) for a, b in zip(gone, kept, strict=True)):
             return rest, EDITED
     return None
+
+
+_WORD = re.compile(rb"\w+|[ \t]+|\r?\n|[^\w\s]|\s")
+
+
+def _by_words(ours: list[bytes], base: list[bytes],
+              theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
+    """Both sides changed the same lines: git's merge of the block's words (names, numbers,
+    each other character, runs of blanks, line ends), when the words they changed do not
+    touch."""
+    if not base or not ours or not theirs:
+        return None
+
+    def words(block: list[bytes]) -> bytes:  # one word per line, as hex: git merges lines
+        return b"".join(w.hex().encode() + b"\n" for w in _WORD.findall(b"".join(block)))
+
+    data, conflicts = merge3(words(ours), words(base), words(theirs))
+    if conflicts:
+        return None
+    merged = b"".join(bytes.fromhex(w.decode()) for w in data.splitlines() if w)
+    return merged.splitlines(keepends=True), WORDS
 
 
 def _alike(a: bytes, b: bytes) -> bool:

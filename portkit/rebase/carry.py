@@ -21,7 +21,7 @@ from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
-from portkit.follow.text import BESIDE, DELETED, EDITED, SAME_POINT, merge, merge3
+from portkit.follow.text import BESIDE, DELETED, EDITED, SAME_POINT, WORDS, merge, merge3
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
 from portkit.proc import git
@@ -425,6 +425,7 @@ class _Carrier:
                 beside = merged.settled.count(BESIDE)
                 deleted = merged.settled.count(DELETED)
                 edited = merged.settled.count(EDITED)
+                words = merged.settled.count(WORDS)
                 if THERE_ALREADY in merged.settled:
                     said.append(f"{home}: what it inserts at "
                                 f"{merged.settled.count(THERE_ALREADY)} "
@@ -441,6 +442,9 @@ class _Carrier:
                     review.append(f"{home}: git's merge stops at {deleted} deletion(s) right "
                                   "next to lines upstream rewrote: the lines were deleted as "
                                   "they were")
+                if words:
+                    review.append(f"{home}: upstream changed the lines this patch changes "
+                                  f"({words}x), other words of them: merged word by word")
                 if edited:
                     review.append(f"{home}: upstream edited the lines this patch deletes "
                                   f"({edited}x): they were deleted as upstream has them")
