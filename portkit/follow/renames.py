@@ -8,6 +8,7 @@ that the base lacks. The target's file list is read once per target (`Files`).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -15,12 +16,20 @@ from pathlib import Path, PurePosixPath
 ALIKE = 0.5  # git's default rename threshold (-M50%)
 
 
-def similarity(a: bytes, b: bytes) -> float:
+def similarity(a: bytes, b: bytes, *, lines: Counter[bytes] | None = None) -> float:
     """How alike two files are, as git's rename detection measures it: the share of their
-    bytes in lines both have (each line counted as often as both have it)."""
-    mine, theirs = Counter(a.splitlines(keepends=True)), Counter(b.splitlines(keepends=True))
+    bytes in lines both have (each line counted as often as both have it). `lines`: `a`'s
+    lines counted already (one file compared with many)."""
+    if not a and not b:
+        return 1.0
+    if 2 * min(len(a), len(b)) < ALIKE * (len(a) + len(b)):
+        return 2 * min(len(a), len(b)) / (len(a) + len(b))  # at most that: sizes too apart
+    mine = lines if lines is not None else Counter(a.splitlines(keepends=True))
+    theirs = Counter(b.splitlines(keepends=True))
+    if len(theirs) < len(mine):
+        mine, theirs = theirs, mine
     common = sum(len(line) * min(n, theirs[line]) for line, n in mine.items())
-    return 2 * common / (len(a) + len(b)) if a or b else 1.0
+    return 2 * common / (len(a) + len(b))
 
 
 class Files:
@@ -34,11 +43,19 @@ class Files:
     def by_name(self) -> dict[str, list[str]]:
         """The target's regular files (no links, nothing under .git) by file name."""
         if self._by_name is None:
-            self._by_name = {}
-            for path in sorted(self.target.rglob("*")):
-                if path.is_file() and not path.is_symlink() and ".git" not in path.parts:
-                    rel = path.relative_to(self.target).as_posix()
-                    self._by_name.setdefault(path.name, []).append(rel)
+            found: dict[str, list[str]] = {}
+            folders = [("", self.target)]
+            while folders:
+                prefix, folder = folders.pop()
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_symlink() or entry.name == ".git":
+                            continue
+                        if entry.is_dir():
+                            folders.append((f"{prefix}{entry.name}/", Path(entry.path)))
+                        elif entry.is_file():
+                            found.setdefault(entry.name, []).append(prefix + entry.name)
+            self._by_name = {name: sorted(rels) for name, rels in sorted(found.items())}
         return self._by_name
 
     def new(self) -> list[str]:
@@ -55,13 +72,14 @@ class Files:
         rule, or None. `read` gives a candidate's bytes (as the caller sees the target)."""
         suffix = PurePosixPath(rel).suffix
         same = self.by_name().get(PurePosixPath(rel).name, [])
+        lines = Counter(data.splitlines(keepends=True))
         for candidates in (same, [o for o in self.new() if o.endswith(suffix)]):
             best: tuple[float, str] | None = None
             for other in candidates:
                 found = read(other) if other != rel else None
                 if found is None:
                     continue
-                score = similarity(data, found)
+                score = similarity(data, found, lines=lines)
                 if score >= ALIKE and (best is None or score > best[0]):
                     best = (score, other)
             if best is not None:

@@ -124,6 +124,7 @@ class _Target:
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
         self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
         self._meaningful: dict[tuple[str, str], list[str]] = {}  # (side, file) -> its lines
+        self._flat_sets: dict[str, frozenset[str] | None] = {}  # see _flat_set
 
     def run(self) -> TargetDrift:
         """The series patch by patch on the target, each on the files as the earlier ones
@@ -746,13 +747,22 @@ class _Target:
         best: tuple[int, str] | None = None
         for rel in dict.fromkeys([*(r for r in self.target.index.files if r.endswith(suffix)),
                                   *beside]):
-            text = self.target.text(rel) if rel != hunk.path else None
-            if text is None:
+            here = self._flat_set(rel) if rel != hunk.path else None
+            if here is None:
                 continue
-            shared = len(wanted & {flat(x) for x in text.splitlines()})
+            shared = len(wanted & here)
             if shared >= max(2, len(wanted) / 3) and (best is None or shared > best[0]):
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
+
+    def _flat_set(self, rel: str) -> frozenset[str] | None:
+        """The target's file `rel` as upstream has it, as a set of flattened lines (cached:
+        every hunk looked for anywhere reads the same files); None when there is none."""
+        if rel not in self._flat_sets:
+            text = self.target.text(rel)
+            self._flat_sets[rel] = frozenset(flat(x) for x in text.splitlines()) \
+                if text is not None else None
+        return self._flat_sets[rel]
 
     def _words_now(self, rel: str) -> frozenset[str]:
         """The names in the target's file `rel` as the series is carried (its own added
