@@ -448,10 +448,12 @@ def test_rotation_onto_newer_trees_differs_from_the_direct_render_only_as_explai
     """The series rendered for 0.3.16, rebased, against the one portkit renders on the
     target. Differences, all explained:
 
-    - 0002 and 0005 need a human: 0002's context methods went before get_padding, which is
-      gone; 0005 extends code 0001 brought, which the target has elsewhere. Only the files
-      of theirs that merge are carried (for the patches after them), so the test compares
-      the other files with the direct render of the patches carried whole.
+    - 0002 needs a human: its context methods went before get_padding, which is gone. Only
+      the files of it that merge are carried (for the patches after it), so the test
+      compares the other files with the direct render of the patches carried whole.
+    - 0005 passes the rotation to build_rope_shift, whose call upstream gave another
+      argument (il): the line merge takes both, word by word, for review; it is then the
+      direct render's.
     - 0003 and 0004 are merged three ways, and where upstream inserted lines at the very
       place the patch inserts its own (an `// impl` comment, build_attn's first assert),
       the patch's lines go first: for review, and the same lines as the direct render's,
@@ -468,8 +470,9 @@ def test_rotation_onto_newer_trees_differs_from_the_direct_render_only_as_explai
     rows = {p.file[:4]: p for p in done.report.patches}
     assert {k: p.status for k, p in rows.items()} == {
         "0001": rb.NEEDS_REVIEW, "0002": rb.NEEDS_HUMAN, "0003": rb.NEEDS_REVIEW,
-        "0004": rb.NEEDS_REVIEW, "0005": rb.NEEDS_HUMAN}
+        "0004": rb.NEEDS_REVIEW, "0005": rb.NEEDS_REVIEW}
     assert "get_padding, which is not in the target" in rows["0002"].reason
+    assert "other words of them: merged word by word" in rows["0005"].reason
     assert "upstream inserted lines where this patch inserts its own" in rows["0004"].reason
     assert "which 0002-kv-cache-rotation-matrices-as-graph-inputs.patch brings" \
         in rows["0003"].reason  # it reads what the left-out patch adds

@@ -6,10 +6,12 @@ Text first, structure only where text fails (mergiraf's order):
              (portkit.follow.text); GNU patch's placement of each hunk, in series order
              (sequence);
   sides      the base and the target as the engine reads them (sides), their words
-             (words);
+             (words), and where a file went by git's rename rule (renames);
   target     a hunk that text does not place, followed into the target: located, relocated
              in the target's names (relocate), found there already by one of the ordered
-             presence rules (presence), or its nearest match; semantic drift (target);
+             presence rules (presence), or its nearest match (where its lines went: in its
+             function, its file, the file its code or its file went to); semantic drift
+             (target);
   session    the engine one patch at a time for rebase (session).
 """
 
