@@ -1236,7 +1236,16 @@ reports; make it say how big the tensor data is.
     LLAMA_LOG_INFO("%s: loaded meta data with %d key-value pairs and %d tensors (%.2f MiB) from %s (version %s)\n",
             __func__, n_kv, n_tensors, n_bytes/1024.0/1024.0, fname.c_str(), llama_file_version_name(fver));
 """)],
-      v0_3_17=SAME, v0_3_19=None)
+      v0_3_17=SAME,
+      # 0.3.19 rewrote the file-name argument: the edit redone on the new line, keeping it
+      v0_3_19=(E("src/llama-model-loader.cpp", r"""
+    LLAMA_LOG_INFO("%s: loaded meta data with %d key-value pairs and %d tensors from %s (version %s)\n",
+            __func__, n_kv, n_tensors, fname.empty() ? "(file*)" : fname.c_str(), llama_file_version_name(fver));
+""", r"""
+    // the first line people paste into bug reports: make it say how big the tensor data is
+    LLAMA_LOG_INFO("%s: loaded meta data with %d key-value pairs and %d tensors (%.2f MiB) from %s (version %s)\n",
+            __func__, n_kv, n_tensors, n_bytes/1024.0/1024.0, fname.empty() ? "(file*)" : fname.c_str(), llama_file_version_name(fver));
+"""),))
 
 patch(DEV, "2025-09-23T08:34:57-07:00",
       "ggml-opt: reject negative batch indices",
