@@ -626,3 +626,30 @@ def test_a_located_function_whose_lines_went_to_another_file_is_placed_there(tmp
     (hunk,) = t.patches[0].hunks
     assert hunk.status == dm.CONFLICT and "its lines are not in f " in hunk.reason, hunk
     assert hunk.nearest is not None and hunk.nearest.file == "src/steps.cpp"
+
+
+def test_a_folder_of_the_target_that_cannot_be_read_is_no_candidate_for_a_renamed_file(
+        tmp_path, monkeypatch):
+    """git's rename rule lists the target's files: a folder it may not read is skipped (as
+    glob skips it), not an error, and the file is still followed where it can be read. (The
+    folder's refusal is simulated: these tests may run as root, whom no mode stops.)"""
+    import os
+
+    from portkit.follow.renames import Files
+    old = STEPS + "\n" + FUNC
+    base = _tree(tmp_path / "base", {"examples/llava/clip.cpp": old})
+    target = _tree(tmp_path / "t", {"tools/mtmd/clip.cpp": "// moved\n\n" + old,
+                                    "locked/x.cpp": "int x;\n"})
+    scandir = os.scandir
+
+    def refusing(path):  # type: ignore[no-untyped-def]
+        if os.path.basename(os.fspath(path)) == "locked":
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr("portkit.follow.renames.os.scandir", refusing)
+    files = Files(target, base)
+    assert "locked/x.cpp" not in {r for rels in files.by_name().values() for r in rels}
+    assert "src/llama.cpp" in files.by_name()["llama.cpp"]
+    assert files.renamed("examples/llava/clip.cpp", old.encode(),
+                         lambda rel: (target / rel).read_bytes()) == "tools/mtmd/clip.cpp"

@@ -47,14 +47,17 @@ class Files:
             folders = [("", self.target)]
             while folders:
                 prefix, folder = folders.pop()
-                with os.scandir(folder) as entries:
-                    for entry in entries:
-                        if entry.is_symlink() or entry.name == ".git":
-                            continue
-                        if entry.is_dir():
-                            folders.append((f"{prefix}{entry.name}/", Path(entry.path)))
-                        elif entry.is_file():
-                            found.setdefault(entry.name, []).append(prefix + entry.name)
+                try:
+                    entries = list(os.scandir(folder))
+                except OSError:  # a folder that cannot be read has no candidates (as glob)
+                    continue
+                for entry in entries:
+                    if entry.is_symlink() or entry.name == ".git":
+                        continue
+                    if entry.is_dir():
+                        folders.append((f"{prefix}{entry.name}/", Path(entry.path)))
+                    elif entry.is_file():
+                        found.setdefault(entry.name, []).append(prefix + entry.name)
             self._by_name = {name: sorted(rels) for name, rels in sorted(found.items())}
         return self._by_name
 
