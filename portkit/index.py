@@ -442,6 +442,54 @@ def param_types(param_list: str) -> tuple[str, ...]:
     return tuple(types)
 
 
+@lru_cache(maxsize=4096)
+def param_arity(param_list: str) -> tuple[int, int | None]:
+    """How many arguments a parameter list `(...)` takes, by a tree-sitter parse: at least
+    (those without a default), at most (None: any number, `...` or a parameter pack).
+    `(void)` takes none."""
+    src = f"void f{param_list};".encode()
+    fdecl, _ = _function_declarator(
+        _param_parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
+    params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
+    if params is None:
+        return 0, None
+    least, most = 0, 0
+    for param in params.children:
+        if param.type in {"...", "variadic_parameter", "variadic_parameter_declaration"}:
+            return least, None
+        if param.type == "optional_parameter_declaration":
+            most += 1
+        elif param.type == "parameter_declaration":
+            if (param.child_by_field_name("declarator") is None
+                    and _text(src, param.child_by_field_name("type")) == "void"):
+                continue  # (void)
+            least += 1
+            most += 1
+    return least, most
+
+
+def calls(code: str) -> list[tuple[str, int]]:
+    """The calls of a free or qualified name in a run of statements (a hunk's added
+    lines): (the name as written, `ns::f` or `f`; the number of arguments), each call
+    tree-sitter reads without an error. A call on an object (`x.f()`, `p->f()`) is not
+    one: what it names depends on the object."""
+    src = ("void portkit_calls_() {\n" + code + "\n}\n").encode("utf-8", "surrogateescape")
+    out: list[tuple[str, int]] = []
+    stack = [_param_parser().parse(src).root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.named_children)
+        if node.type != "call_expression" or node.has_error:
+            continue
+        func, args = node.child_by_field_name("function"), node.child_by_field_name("arguments")
+        if func is None or args is None or func.type not in ("identifier",
+                                                              "qualified_identifier"):
+            continue
+        n = sum(1 for a in args.named_children if a.type != "comment")
+        out.append((_text(src, func), n))
+    return out
+
+
 def _function_declarator(decl: Node | None) -> tuple[Node | None, str]:
     """The function_declarator inside pointer/reference wrappers, and the wrappers' stars.
 

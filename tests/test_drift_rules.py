@@ -317,6 +317,41 @@ def test_semantic_drift_only_for_symbols_resolved_without_doubt(tmp_path, line, 
     assert found == ([symbol] if symbol else []), t.patches[0].semantic
 
 
+GRAPH = """\
+struct graph_context {
+    int build_attn(int inp, float * q, float * k, float scale, int il);
+    int build_attn(long inp, float * q, float * k, float scale, int il);
+    int build_ffn(int cur, int il = 0);
+};
+"""
+
+
+@pytest.mark.parametrize(("call", "symbol"), [
+    # an overloaded method, called bare from a derived class: no overload of the target
+    # takes the 6 arguments the base's did (a parameter went)
+    ("    cur = build_attn(inp, q, k, nullptr,\n                     0.5f, il);\n", "build_attn"),
+    # as many arguments as the target's overloads take
+    ("    cur = build_attn(inp, q, k, 0.5f, il);\n", None),
+    # a default argument: the target takes 1 or 2 arguments, as the base did
+    ("    cur = build_ffn(cur);\n", None),
+    # a call on an object names another class's method: no claim
+    ("    cur = other.build_attn(inp, q, k, nullptr, 0.5f, il);\n", None),
+])
+def test_a_call_with_an_arity_no_overload_takes_any_more_is_signature_drift(
+        tmp_path, call, symbol):
+    base_graph = GRAPH.replace("float * k, float scale", "float * k, float * b, float scale")
+    body = ("#include \"graph.h\"\n\nstruct build_x : graph_context {\n"
+            "    int run(int inp, float * q, float * k, int il) {\n        int cur = 0;\n"
+            "        return cur;\n    }\n};\n")
+    after = body.replace("        int cur = 0;\n", "        int cur = 0;\n" + call)
+    t = _run(tmp_path, {"src/graph.h": base_graph, "src/x.cpp": body},
+             {"src/graph.h": GRAPH, "src/x.cpp": body}, [[_diff("src/x.cpp", body, after)]])
+    found = [s for s in t.patches[0].semantic]
+    assert [s.symbol for s in found] == ([symbol] if symbol else []), found
+    if symbol:
+        assert found[0].change == "signature" and "6 argument(s)" in found[0].detail
+
+
 CTX = """\
 struct llama_model;
 

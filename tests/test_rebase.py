@@ -927,3 +927,54 @@ def test_a_patch_on_the_file_where_a_hunk_left_for_a_human_belongs_is_for_review
     assert "an earlier patch that was left out changes the same file: src/steps.cpp " \
         "(0001-f-count-more.patch)" in second.reason
     assert third.status == rb.UNCHANGED, third.reason
+
+
+SWITCH = ("int pick(int kind) {\n    int r = 0;\n    switch (kind) {\n"
+          "        case KIND_PLAIN:\n            r = 1;\n            break;\n"
+          "    }\n    return r;\n}\n")
+GPT = ("        case KIND_GPT4O:\n            r = pick_gpt4o_regex(kind, 2);\n"
+       "            break;\n")
+
+
+def test_a_hunk_whose_lines_upstream_added_in_its_own_form_is_for_review(tmp_path):
+    """Upstream handles KIND_GPT4O itself now, in its own form: the patch's case still
+    applies as text (a few lines away), and is carried, but for review: the switch would
+    have the case twice. Where no line the patch adds is new upstream, no note."""
+    target_file = SWITCH.replace("    }\n", "        case KIND_GPT4O:\n"
+                                 "            r = pick_gpt4o_upstream(kind);\n"
+                                 "            break;\n    }\n")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/pick.cpp": SWITCH}, {**BASE, "src/pick.cpp": target_file},
+        [("pick: gpt4o", {"src/pick.cpp": ("            break;\n    }\n",
+                                           "            break;\n" + GPT + "    }\n")}),
+         ("pick: start", {"src/pick.cpp": ("    int r = 0;\n", "    int r = -1;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second = done.report.patches
+    assert first.status == rb.NEEDS_REVIEW, first.reason
+    assert "upstream added 1 of the lines it adds (case KIND_GPT4O:)" in first.reason
+    assert second.status == rb.UNCHANGED, second.reason
+
+
+def test_a_patch_left_for_a_human_is_not_carried_in_part_where_upstream_made_it(tmp_path):
+    """Patch 1 conflicts in tool.cpp and adds a case upstream added in its own form in
+    pick.cpp: it needs a human, and pick.cpp is not carried in part (the case would be
+    there twice), though patch 2 changes pick.cpp too; patch 2 then finds pick.cpp as
+    upstream has it, with nothing left out there."""
+    target_file = SWITCH.replace("    }\n", "        case KIND_GPT4O:\n"
+                                 "            r = pick_gpt4o_upstream(kind);\n"
+                                 "            break;\n    }\n")
+    target_tool = TOOL.replace("    int b = 2;\n", "    int b = 20;\n")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/pick.cpp": SWITCH, "src/tool.cpp": TOOL},
+        {**BASE, "src/pick.cpp": target_file, "src/tool.cpp": target_tool},
+        [("both: gpt4o", {"src/pick.cpp": ("            break;\n    }\n",
+                                           "            break;\n" + GPT + "    }\n"),
+                          "src/tool.cpp": ("    int b = 2;\n", "    int b = 22;\n")}),
+         ("pick: start", {"src/pick.cpp": ("    int r = 0;\n", "    int r = -1;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second = done.report.patches
+    assert first.status == rb.NEEDS_HUMAN, first.reason
+    assert not first.reason.startswith("carried in part"), first.reason
+    assert done.carried["src/pick.cpp"] == target_file.replace(
+        "    int r = 0;\n", "    int r = -1;\n").encode()
+    assert second.status == rb.UNCHANGED, second.reason

@@ -92,7 +92,9 @@ from portkit.index import (
     VARIABLE,
     Index,
     Symbol,
+    calls,
     flat,
+    param_arity,
 )
 from portkit.series import Hunk, Patch, Series
 
@@ -807,7 +809,55 @@ class _Target:
                                       word in bare, word in built)
                 if change is not None:
                     out[word] = change
+        for change in self.arity_changes(patch, defined_here | set(out)):
+            out.setdefault(change.symbol, change)
         return list(out.values())
+
+    def arity_changes(self, patch: Patch, skip: set[str]) -> list[SemanticChange]:
+        """The calls the patch's added lines make (tree-sitter's reading of each run of
+        added lines) with a number of arguments some overload took in the base and none
+        takes in the target: the function is still there, its parameters changed, and the
+        call as written no longer compiles. Only where the name is a function and nothing
+        else on both sides (no macro, no variable, no class), and the patch does not touch
+        the name's own declarations (it may be changing them itself)."""
+        touched = {f.path for f in patch.files}
+        removed = set(identifiers(line for h in patch.hunks for line in h.removed))
+        out: dict[str, SemanticChange] = {}
+        for hunk in patch.hunks:
+            for block in _added_runs(hunk):
+                for name, n in calls(block):
+                    word = name.rsplit("::", 1)[-1]
+                    if word in skip or word in out or word in removed or "<" in name:
+                        continue
+                    change = self._arity(name, word, n, touched)
+                    if change is not None:
+                        out[word] = change
+        return list(out.values())
+
+    def _arity(self, name: str, word: str, n: int, touched: set[str]) -> SemanticChange | None:
+        fns = (FUNCTION, DECLARATION)
+        before, now = self.base.index.find(name), self.target.index.find(name)
+        if not before or not now or any(s.kind not in fns for s in (*before, *now)) or any(
+                s.file in touched for s in before):
+            return None
+
+        def takes(sym: Symbol) -> bool:
+            least, most = param_arity(sym.param_list or "()")
+            return least <= n and (most is None or n <= most)
+
+        took = [s for s in before if takes(s)]
+        if not took or any(takes(s) for s in now):
+            return None
+        kept = {canonical(s.qualname) for s in now}
+        took = [s for s in took if canonical(s.qualname) in kept]
+        if not took:
+            return None
+        was = took[0]
+        became = sorted({s.signature() for s in now
+                         if canonical(s.qualname) == canonical(was.qualname)})
+        return SemanticChange(word, "signature", (
+            f"it calls {name} with {n} argument(s), as {was.signature()} took them; no "
+            f"{word} in the target does ({'; '.join(became)})"))
 
     def declared(self, hunk: Hunk) -> dict[str, str]:
         """The objects the hunk's own lines declare as a pointer or reference to a class the
@@ -953,6 +1003,23 @@ _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
 
 _SOURCES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".m", ".mm", ".metal")
 SHIFT = 2  # lines a hunk's old lines may have drifted apart by (a line added between)
+
+
+def _added_runs(hunk: Hunk) -> list[str]:
+    """A hunk's added lines, each run of them (lines added one after the other) as one
+    text."""
+    runs: list[list[str]] = []
+    after_added = False
+    for line in hunk.body.splitlines(keepends=True):
+        if line.startswith("\\"):
+            continue  # "\ No newline at end of file"
+        added = line.startswith("+")
+        if added:
+            if not after_added:
+                runs.append([])
+            runs[-1].append(line[1:])
+        after_added = added
+    return ["".join(run) for run in runs]
 
 
 def _clustered(voters: dict[int, set[int]]) -> Counter[int]:

@@ -250,9 +250,11 @@ class _Carrier:
             for rel in (*text.failed, *outcome.pending):
                 self.left_out_files.setdefault(rel, patch.name)
             # only the files later patches change are carried in part (what no later patch
-            # needs waits for the human whole), and none whose every hunk upstream has
+            # needs waits for the human whole), and none whose every hunk upstream has, as
+            # it is or in its own form (carried, the change would be there twice)
             upstream = {f.path for f in patch.files
                         if f.hunks and len(_hunks_there(f, before_work, before_base))
+                        + len(_hunks_partly_there(f, before_work, before_base))
                         == len(f.hunks)}
             text = replace(text, clean={rel: d for rel, d in text.clean.items()
                                         if rel not in upstream and rel in later})
@@ -319,9 +321,14 @@ class _Carrier:
         notes = [f"{f.path}:{hunk.old_start}: every line it adds is in the target already: "
                  "carried, it may be there twice"
                  for f in patch.files for hunk in _hunks_there(f, ours, base)]
+        whole = len(notes)
+        notes += [f"{f.path}:{hunk.old_start}: upstream added {len(lines)} of the lines it "
+                  f"adds ({lines[0].strip()[:60]}): the target may have this change in its "
+                  "own form"
+                  for f in patch.files for hunk, lines in _hunks_partly_there(f, ours, base)]
         if not notes:
             return outcome
-        if outcome.settled and len(notes) == len(patch.hunks):
+        if outcome.settled and whole == len(notes) == len(patch.hunks):
             # git's merge did not take it, and all of it is there: present upstream
             return _Outcome(DROPPED, "; ".join(note.replace(
                 ": carried, it may be there twice", " (git's merge does not take it)")
@@ -788,6 +795,32 @@ def _hunks_there(f: FileDiff, ours: dict[str, bytes | None],
         if added and all(a in here and a not in before for a in added):
             out.append(hunk)
     return out
+
+
+def _hunks_partly_there(f: FileDiff, ours: dict[str, bytes | None],
+                        base: dict[str, bytes | None]) -> list[tuple[Hunk, list[str]]]:
+    """The hunks of file section `f`, not all there already, with the lines they add that
+    upstream added too (the target's file has them, the base's did not): lines that say
+    something on their own (a name in them, and more than a bracket and a keyword), like
+    the `case` of a switch upstream now handles itself."""
+    if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
+        return []
+    here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
+    before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
+    whole = set(_hunks_there(f, ours, base))
+    out = []
+    for hunk in f.hunks:
+        if hunk in whole:
+            continue
+        lines = [x for x in hunk.added if len(flat(x)) >= _SAYS and _NAMED.search(x)
+                 and flat(x) in here and flat(x) not in before]
+        if lines:
+            out.append((hunk, lines))
+    return out
+
+
+_SAYS = 12  # a line that, flattened, is at least this long says something on its own
+_NAMED = re.compile(r"[A-Za-z_][A-Za-z_0-9]{3,}")
 
 
 def _text_of(data: bytes | None) -> str:
