@@ -484,6 +484,38 @@ def test_a_hunk_whose_function_left_the_file_is_placed_in_the_file_its_lines_wen
     assert hunk.nearest.line == 1
 
 
+SPLIT = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n"
+                for i in range(12))
+
+
+@pytest.mark.parametrize(("moved", "lands"), [
+    # the lines went to a.cpp with a line of the context rewritten: fuzz takes it there
+    (STEPS.replace("int f(int x)", "static int f(int x, int y)"), True),
+    # the lines went to a.cpp, but the line the patch rewrites is not there as it was, nor
+    # are its neighbours: no landing
+    (STEPS.replace("int alpha = x + 1;", "int alpha = x + 2;").replace(
+        "int beta = alpha * 2;", "int beta = alpha * 3;").replace(
+        "int gamma = beta - 3;", "int gamma = beta - 4;"), False),
+])
+def test_a_hunk_whose_file_is_gone_lands_where_its_lines_went(tmp_path, moved, lands):
+    """Upstream split a.m (git's rename rule finds no file it became) and f went to a.cpp:
+    the hunk is tried at the nearest match of its lines there, as GNU patch would try it,
+    and is relocated there only where it lands."""
+    old = SPLIT + STEPS
+    new = old.replace("    int beta = alpha * 2;\n", "    int beta = alpha * 20;\n")
+    t = _run(tmp_path, {"src/a.m": old}, {"src/a.cpp": "// split\n\n" + moved,
+                                            "src/b.cpp": SPLIT},
+             [[_diff("src/a.m", old, new)]])
+    (hunk,) = t.patches[0].hunks
+    if lands:
+        assert hunk.status == dm.RELOCATED, hunk.reason
+        assert hunk.moved_to is not None and hunk.moved_to.file == "src/a.cpp"
+        assert "its lines are at src/a.cpp:" in hunk.reason
+    else:
+        assert hunk.status == dm.CONFLICT, hunk.reason
+        assert hunk.nearest is not None and hunk.nearest.file == "src/a.cpp"
+
+
 def test_a_file_renamed_is_followed_by_gits_rename_rule(tmp_path):
     """examples/llava/clip.cpp became tools/mtmd/clip.cpp (outside what drift indexes, so no
     symbol votes for it): git's rename rule (the same name, at least half alike) finds it,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from portkit.follow.text import (
     ALREADY,
+    APART,
     BESIDE,
     DELETED,
     EDITED,
     SAME_POINT,
     WORDS,
+    _apart,
     merge,
     merge3,
 )
@@ -91,6 +93,27 @@ def test_already_is_not_a_line_that_is_merely_alike():
     done = merge(ours, BASE, theirs)
     assert done.settled == (SAME_POINT,)
     assert done.data.count(b"patch") == 2
+
+
+def test_apart_a_rewrite_that_ends_where_upstreams_begins_is_made_with_it():
+    """The patch rewrites lines 5 and 6; upstream rewrote line 7 and inserted before it:
+    git stops (the changes touch), but each changed its own lines: both are made."""
+    ours = lines(1, 2, 3, 4, 5, 6, b"upstream new\n", b"upstream seven\n", 8, 9, 10, 11, 12)
+    theirs = lines(1, 2, 3, 4, b"patch five\n", b"patch six\n", 7, 8, 9, 10, 11, 12)
+    done = merge(ours, BASE, theirs)
+    assert done.conflicts == 0 and done.settled == (APART,)
+    assert done.data == lines(1, 2, 3, 4, b"patch five\n", b"patch six\n", b"upstream new\n",
+                              b"upstream seven\n", 8, 9, 10, 11, 12)
+
+
+def test_apart_is_not_an_insertion_at_the_edge_of_the_other_sides_rewrite():
+    """The patch inserts a line right after line 6 and rewrites line 5; upstream rewrote
+    line 7: where the insertion goes against upstream's rewrite of 7 is a choice: it is
+    not made by `apart` (the insertion's own rule may still order it)."""
+    base = [b"five\n", b"six\n", b"seven\n"]
+    ours = [b"five\n", b"six\n", b"SEVEN\n"]
+    theirs = [b"FIVE\n", b"six\n", b"inserted\n", b"seven\n"]
+    assert _apart(ours, base, theirs) is None
 
 
 AMX = lines(1, 2, 3, b"    if (NOT MSVC)\n", b"        variant(sapphirerapids AVX F16C FMA AMX)\n",

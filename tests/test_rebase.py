@@ -944,10 +944,12 @@ def test_a_hunk_whose_lines_upstream_added_in_its_own_form_is_for_review(tmp_pat
                                  "            r = pick_gpt4o_upstream(kind);\n"
                                  "            break;\n    }\n")
     base, target, folder = project(
-        tmp_path, {**BASE, "src/pick.cpp": SWITCH}, {**BASE, "src/pick.cpp": target_file},
+        tmp_path, {**BASE, "src/pick.cpp": SWITCH, "src/tool.cpp": TOOL},
+        {**BASE, "src/pick.cpp": target_file, "src/tool.cpp": TOOL},
         [("pick: gpt4o", {"src/pick.cpp": ("            break;\n    }\n",
                                            "            break;\n" + GPT + "    }\n")}),
-         ("pick: start", {"src/pick.cpp": ("    int r = 0;\n", "    int r = -1;\n")})])
+         ("tool: a flag", {"src/tool.cpp": ("    int c = 3;\n",
+                                            "    int c = 3;\n    int tool_flag = c;\n")})])
     done = rb.rebase(read_series(folder), detect(target), base=detect(base))
     first, second = done.report.patches
     assert first.status == rb.NEEDS_REVIEW, first.reason
@@ -978,3 +980,57 @@ def test_a_patch_left_for_a_human_is_not_carried_in_part_where_upstream_made_it(
     assert done.carried["src/pick.cpp"] == target_file.replace(
         "    int r = 0;\n", "    int r = -1;\n").encode()
     assert second.status == rb.UNCHANGED, second.reason
+
+
+PARTS = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n" for i in range(12))
+
+
+def test_text_carries_what_it_can_and_structure_only_the_rest(tmp_path):
+    """Patch 1 changes tool.cpp (text carries it) and a.m, which upstream split: its steps
+    went to a.cpp (git's rename rule finds no file a.m became). Text carries tool.cpp as it
+    is, structure only a.m's hunk, where its lines went: the patch is carried whole, for
+    review of a.cpp. Patch 2, on tool.cpp, applies onto what text carried: nothing for
+    review."""
+    steps = STEPS.replace("int f(int x)", "static int f(int x, int y)")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/tool.cpp": TOOL, "src/a.m": PARTS + STEPS},
+        {**BASE, "src/tool.cpp": TOOL, "src/a.cpp": "// split\n\n" + steps,
+         "src/b.cpp": PARTS},
+        [("both: two files", {"src/tool.cpp": ("    int b = 2;\n", "    int b = 22;\n"),
+                              "src/a.m": ("    int beta = alpha * 2;\n",
+                                          "    int beta = alpha * 20;\n")}),
+         ("tool: return", {"src/tool.cpp": ("    return a + b + c;\n",
+                                            "    return a * b * c;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second = done.report.patches
+    assert first.status == rb.NEEDS_REVIEW, first.reason
+    assert first.reason.startswith("text carries src/tool.cpp, not src/a.m"), first.reason
+    assert done.carried["src/a.cpp"] == ("// split\n\n" + steps).replace(
+        "alpha * 2;", "alpha * 20;").encode()
+    assert second.status == rb.UNCHANGED, second.reason
+    assert done.carried["src/tool.cpp"] == TOOL.replace("b = 2;", "b = 22;").replace(
+        "a + b + c", "a * b * c").encode()
+
+
+def test_a_patch_carried_onto_a_file_an_earlier_patch_settled_for_review_is_for_review(
+        tmp_path):
+    """Patch 1 inserts a line where upstream inserted its own (git stops; portkit settles
+    it, for review of tool.cpp). Patch 2 changes tool.cpp elsewhere and applies: it stands
+    on patch 1's settling there, and is for review too. Patch 3, on another file, is not."""
+    target_tool = TOOL.replace("    int b = 2;\n", "    int b = 2;\n    int up = 9;\n")
+    other = "int other(void) {\n    return 1;\n}\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/tool.cpp": TOOL, "src/other.cpp": other},
+        {**BASE, "src/tool.cpp": target_tool, "src/other.cpp": other},
+        [("tool: d", {"src/tool.cpp": ("    int b = 2;\n", "    int b = 2;\n    int d = 4;\n")}),
+         ("tool: return", {"src/tool.cpp": ("    return a + b + c;\n",
+                                            "    return a * b * c;\n")}),
+         ("other: more", {"src/other.cpp": ("    return 1;\n", "    return 2;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second, third = done.report.patches
+    assert first.status == rb.NEEDS_REVIEW and "src/tool.cpp: upstream inserted" in \
+        first.reason, first.reason
+    assert second.status == rb.NEEDS_REVIEW, second.reason
+    assert "carried onto what an earlier patch, for review there, made of src/tool.cpp " \
+        "(0001-tool-d.patch)" in second.reason
+    assert third.status == rb.UNCHANGED, third.reason

@@ -404,6 +404,18 @@ class _Target:
         if base_sym is None:
             why += self.between(hunk)
         near = self.nearest(hunk, home, None) if home else self.nearest_anywhere(hunk)
+        if near is not None and home is None:
+            moved = self.relocate_at(hunk, near)
+            if moved is not None:
+                line, offset, fuzz = moved
+                around = self.target.index.enclosing(near.file, line) \
+                    if near.file in self.target.index.files else None
+                return HunkDrift(
+                    hunk.path, hunk.old_start, RELOCATED,
+                    f"{why}; its lines are at {near.file}:{near.line} now (the file upstream "
+                    "shares most of them with), and it lands there", patch_line, offset, fuzz,
+                    name, Moved(near.file, line, around.qualname if around else "",
+                                "similarity"))
         if near is None and base_sym is None:
             near = self.after_neighbour(hunk)
         return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
@@ -465,6 +477,15 @@ class _Target:
         names = {w: a for w in identifiers(hunk.old_lines) if not self.target.index.find(w)
                  for a in aliases_of(w)[:1] if a != w and self.target.index.find(a)}
         return self._trial(hunk, rel, hunk.old_start, names, None)
+
+    def relocate_at(self, hunk: Hunk, near: Nearest) -> tuple[int, int, int] | None:
+        """A hunk whose file is gone, tried at the nearest match of its lines in another
+        file (as GNU patch would, with its fuzz): (line, offset, fuzz) where it lands,
+        only right there."""
+        if near.file == hunk.path or self._current(hunk.path) is not None:
+            return None
+        at = self._line_now(near.file, near.line)
+        return self._trial(hunk, near.file, at, {}, (at - 3, at + len(hunk.old_lines) + 3))
 
     def renames(self, hunk: Hunk, base_sym: Symbol, tsym: Symbol) -> dict[str, str]:
         """Names of the hunk's context to spell as the target does: the symbol's own and its

@@ -22,6 +22,10 @@ only those blocks where the order is given by the text itself:
            the rest: they are deleted as upstream has them. Deleting an edited line is a
            choice, so the caller reports it for review. (Upstream deleting lines the patch
            edited stays a conflict: the patch's change would be lost.)
+  apart    both sides changed lines of the block, but not the same lines and not at the
+           same place: each change touches the other only at its edge (git's merge stops
+           where a change ends right where the other's begins). Each is made as its side
+           made it; reported for review, as the changes are next to each other.
   words    both sides changed the same lines, but not the same words of them (a name the
            patch renames in a line upstream reindented or extended): git's merge of the
            block's words, one word to a line. Reported for review.
@@ -54,10 +58,11 @@ class Settled(StrEnum):
     ALREADY = "already"
     DELETED = "deleted"
     EDITED = "edited"
+    APART = "apart"
     WORDS = "words"
 
 
-BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, WORDS = Settled
+BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, APART, WORDS = Settled
 ALIKE_LINE = 0.8  # how alike a line upstream edited is to the one a patch deletes
 
 
@@ -119,7 +124,8 @@ def _settle_block(ours: list[bytes], base: list[bytes],
         return _beside(theirs, mine, len(base), ours)
     if upstream is not None and mine is None:
         return _beside(ours, upstream, len(base), theirs)
-    return _deleted_beside(ours, base, theirs) or _by_words(ours, base, theirs)
+    return (_deleted_beside(ours, base, theirs) or _apart(ours, base, theirs)
+            or _by_words(ours, base, theirs))
 
 
 def _end_deletion(base: Sequence[bytes], side: Sequence[bytes]) -> tuple[int, bool] | None:
@@ -156,6 +162,37 @@ def _deleted_beside(ours: list[bytes], base: list[bytes],
         if patch_deletes and all(_alike(a, b) for a, b in zip(gone, kept, strict=True)):
             return rest, EDITED
     return None
+
+
+def _changes(base: list[bytes], side: list[bytes]) -> list[tuple[int, int, int, int]]:
+    """What `side` changed of `base`: (base from, base to, side from, side to) for each
+    run of lines it replaced, deleted or inserted (difflib's alignment)."""
+    return [(i1, i2, j1, j2) for op, i1, i2, j1, j2 in
+            SequenceMatcher(None, base, side, autojunk=False).get_opcodes() if op != "equal"]
+
+
+def _apart(ours: list[bytes], base: list[bytes],
+           theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
+    """Both sides changed the block, each its own lines of it: no change of one overlaps
+    one of the other, and neither inserts at the edge of a change of the other (where the
+    order of the two would be a choice). Both made, on the base's lines."""
+    mine, upstream = _changes(base, theirs), _changes(base, ours)
+    if not mine or not upstream:
+        return None
+    for a1, a2, _, _ in mine:
+        for b1, b2, _, _ in upstream:
+            if max(a1, b1) < min(a2, b2):
+                return None  # the same lines
+            if (a1 == a2 and b1 <= a1 <= b2) or (b1 == b2 and a1 <= b1 <= a2):
+                return None  # an insertion at the edge of the other's change
+    edits = sorted([(i1, i2, theirs[j1:j2]) for i1, i2, j1, j2 in mine]
+                   + [(i1, i2, ours[j1:j2]) for i1, i2, j1, j2 in upstream])
+    out: list[bytes] = []
+    at = 0
+    for i1, i2, lines in edits:
+        out += base[at:i1] + lines
+        at = i2
+    return out + base[at:], APART
 
 
 _WORD = re.compile(rb"\w+|[ \t]+|\r?\n|[^\w\s]|\s")

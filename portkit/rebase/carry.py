@@ -21,7 +21,16 @@ from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
-from portkit.follow.text import BESIDE, DELETED, EDITED, SAME_POINT, WORDS, merge, merge3
+from portkit.follow.text import (
+    APART,
+    BESIDE,
+    DELETED,
+    EDITED,
+    SAME_POINT,
+    WORDS,
+    merge,
+    merge3,
+)
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import flat
 from portkit.proc import git
@@ -164,6 +173,8 @@ class _Outcome:
     # needs-human: the target files where its hunks left for a human belong (as drift
     # located them: their code moved there, or its nearest match is there)
     pending: tuple[str, ...] = ()
+    # needs-review: the files the review is about (None: those its reason names)
+    doubt: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,8 @@ class _NoText:
     failed: tuple[str, ...]
     clean: dict[str, bytes | None]
     modes: dict[str, int]  # git's mode of each file in `clean`
+    review: tuple[str, ...] = ()  # what a reviewer must know of how `clean` was merged
+    doubt: tuple[str, ...] = ()  # the files of `clean` those notes are about
 
 
 def _sub_patch(f: FileDiff, hunks: Sequence[Hunk]) -> Patch:
@@ -202,6 +215,7 @@ class _Carrier:
         self.left_out: dict[str, str] = {}  # a name a left-out patch brings -> that patch
         self.files = Files(lead.target.root, lead.base.root)
         self.left_out_files: dict[str, str] = {}  # a file a left-out patch changes -> it
+        self.review_files: dict[str, str] = {}  # a file carried for review of it -> the patch
 
     def carry(self, patch: Patch, later: frozenset[str] = frozenset()) -> _Outcome:
         """Patch `patch` carried: by text first (what `git am -3` does), by structure only
@@ -236,6 +250,11 @@ class _Carrier:
             for rel, data in text.after.items():
                 self.work.put(rel, data, text.modes.get(rel))
             return self._after_left_out(patch, text)
+        if text.clean and set(text.failed) < set(patch.paths):
+            # text carries some files: structure decides only the others
+            rest = self._structure(patch, before_base, frozenset(text.failed))
+            if rest.status != NEEDS_HUMAN:
+                return self._mixed(patch, text, rest)
         outcome = self._structure(patch, before_base)
         if outcome.status in (UNCHANGED, MERGED):
             outcome = replace(outcome, status=NEEDS_REVIEW, reason=(
@@ -268,6 +287,22 @@ class _Carrier:
             return outcome
         for rel, data in outcome.after.items():
             self.work.put(rel, data)
+        return self._after_left_out(patch, outcome)
+
+    def _mixed(self, patch: Patch, text: _NoText, rest: _Outcome) -> _Outcome:
+        """A patch text carries in part and structure carries the rest (or finds it in the
+        target already): both, for review, since structure chose where the rest goes."""
+        kept = ", ".join(sorted(text.clean))
+        how = ("the rest is in the target already, and left out: " if rest.status == DROPPED
+               else "the rest carried by structure: ")
+        outcome = _Outcome(NEEDS_REVIEW, "; ".join([
+            *text.review, f"text carries {kept}, not {', '.join(text.failed)} ({text.why})",
+            f"{how}{rest.reason}"]), {**text.clean, **rest.after},
+            modes={**text.modes, **rest.modes}, doubt=(*text.doubt, *rest.after))
+        outcome = self._in_target_names(patch, outcome, {})
+        outcome = self._semantic(patch, outcome)
+        for rel, data in outcome.after.items():
+            self.work.put(rel, data, outcome.modes.get(rel))
         return self._after_left_out(patch, outcome)
 
     def _in_target_names(self, patch: Patch, outcome: _Outcome,
@@ -361,16 +396,30 @@ class _Carrier:
 
     def _after_left_out(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch carried onto a file that an earlier patch, left out, also changes: its
-        result is not the file the series means, and a reviewer is told."""
+        result is not the file the series means, and a reviewer is told. So too onto a file
+        an earlier patch carried for review of that very file (a settled merge, a place
+        structure chose): this one's result there stands on that one's, and changes with
+        it. A patch carried for review of a file marks it for the patches after it."""
+        if outcome.status == NEEDS_REVIEW:
+            for rel in outcome.after:
+                if rel in (outcome.doubt if outcome.doubt is not None else outcome.reason):
+                    self.review_files.setdefault(rel, patch.name)
         if outcome.status not in (UNCHANGED, MERGED):
             return outcome
         before = sorted({f"{rel} ({self.left_out_files[rel]})" for rel in patch.paths
                          if rel in self.left_out_files})
-        if not before:
+        on_review = sorted({f"{rel} ({self.review_files[rel]})" for rel in patch.paths
+                            if rel in self.review_files and rel not in self.left_out_files})
+        if not before and not on_review:
             return outcome
-        return replace(outcome, status=NEEDS_REVIEW, reason=(
-            f"{outcome.reason}; an earlier patch that was left out changes the same file: "
-            + ", ".join(before)))
+        said = [outcome.reason]
+        if before:
+            said.append("an earlier patch that was left out changes the same file: "
+                        + ", ".join(before))
+        if on_review:
+            said.append("carried onto what an earlier patch, for review there, made of "
+                        + ", ".join(on_review))
+        return replace(outcome, status=NEEDS_REVIEW, reason="; ".join(said))
 
     def _text(self, patch: Patch, before_base: dict[str, bytes | None],
               theirs: dict[str, bytes | None] | None) -> _Outcome | _NoText:
@@ -433,6 +482,7 @@ class _Carrier:
                 deleted = merged.settled.count(DELETED)
                 edited = merged.settled.count(EDITED)
                 words = merged.settled.count(WORDS)
+                apart = merged.settled.count(APART)
                 if THERE_ALREADY in merged.settled:
                     said.append(f"{home}: what it inserts at "
                                 f"{merged.settled.count(THERE_ALREADY)} "
@@ -449,6 +499,10 @@ class _Carrier:
                     review.append(f"{home}: git's merge stops at {deleted} deletion(s) right "
                                   "next to lines upstream rewrote: the lines were deleted as "
                                   "they were")
+                if apart:
+                    review.append(f"{home}: git's merge stops at {apart} change(s) that end "
+                                  "right where one upstream made begins: both were made, "
+                                  "each on its own lines")
                 if words:
                     review.append(f"{home}: upstream changed the lines this patch changes "
                                   f"({words}x), other words of them: merged word by word")
@@ -459,7 +513,9 @@ class _Carrier:
                 after[home] = result
                 modes[home] = mode
         if conflicts:
-            return _NoText("; ".join(conflicts), tuple(failed), after, modes)
+            return _NoText("; ".join(conflicts), tuple(failed), after, modes, tuple(review),
+                           tuple(rel for rel in after if any(r.startswith(f"{rel}: ")
+                                                             for r in review)))
         how = "; ".join(["merged 3-way (git apply does not take it as it is)", *said])
         if not after and self._reverses(patch, room):
             return _Outcome(MERGED, "the target has this change already (it reverse-applies)")
@@ -528,8 +584,10 @@ class _Carrier:
         chosen = self.work.get(home) if home is not None else None
         return (home, chosen) if home is not None and chosen is not None else None
 
-    def _structure(self, patch: Patch, before_base: dict[str, bytes | None]) -> _Outcome:
-        """The patch carried hunk by hunk where drift follows its code."""
+    def _structure(self, patch: Patch, before_base: dict[str, bytes | None],
+                   only: frozenset[str] | None = None) -> _Outcome:
+        """The patch carried hunk by hunk where drift follows its code; `only`: just the
+        hunks of those files (the ones text could not carry)."""
         with apply_hunks([patch], self.work.root, fuzz=FUZZ_LIMIT) as run:
             presult = run.patches[0]
         drift = self.lead.patch(presult, self.work.files)
@@ -538,17 +596,19 @@ class _Carrier:
                 replace(d, reason=f"{d.reason}, at line {hr.line}")
                 if d.status == dm.ALREADY_APPLIED and hr.status == ALREADY and hr.line else d
                 for hr, d in zip(presult.hunks, drift.hunks, strict=False)))
-        return self._decide(patch, drift, before_base)
+        return self._decide(patch, drift, before_base, only)
 
     def _decide(self, patch: Patch, drift: dm.PatchDrift,
-                before_base: dict[str, bytes | None]) -> _Outcome:
-        hunks = drift.hunks
+                before_base: dict[str, bytes | None],
+                only: frozenset[str] | None = None) -> _Outcome:
+        pairs = [(h, d) for h, d in zip(patch.hunks, drift.hunks, strict=False)
+                 if only is None or h.path in only]
+        hunks = [d for _, d in pairs] if only is not None else list(drift.hunks)
         if all(h.status in _THERE for h in hunks):
             return _Outcome(DROPPED, "; ".join(dict.fromkeys(
                 f"{_where(h)}: {h.reason}" for h in hunks)))
         if not patch.hunks:  # a binary patch, a rename alone: drift has no hunk to follow
             return self._human(patch, drift, "; ".join(h.reason for h in hunks), before_base)
-        pairs = list(zip(patch.hunks, hunks, strict=True))
         carry = [(h, d) for h, d in pairs if d.status not in _THERE]
         skipped = [d for _, d in pairs if d.status in _THERE]
         status = MERGED if skipped else UNCHANGED
