@@ -3,6 +3,7 @@ portkit/commands/), and the program's entry point."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -14,22 +15,43 @@ from typing import NoReturn
 import click
 
 from portkit import IGNORED, STOPPING, __version__
-from portkit.commands.anchors import anchors_cmd
-from portkit.commands.apply import apply_cmd
 from portkit.commands.common import _raise_interrupted, exit_for
-from portkit.commands.drift import drift_cmd
-from portkit.commands.rebase import rebase_cmd
-from portkit.commands.recover import recover_cmd
-from portkit.commands.render import render_cmd
-from portkit.commands.tree import tree
-from portkit.commands.validate import validate_cmd
 from portkit.drift.model import ATTENTION_EXIT
 from portkit.errors import Interrupted, UsageError
 from portkit.proc import drop_scratch, own_scratch
 from portkit.transaction import checkpoint, interrupt_note, wake
 
+# Each command's module, loaded when the command runs (or --help lists them all): `portkit
+# drift` need not import what apply, validate and rebase need, and starts that much sooner.
+COMMANDS = {
+    "tree": "portkit.commands.tree:tree",
+    "anchors": "portkit.commands.anchors:anchors_cmd",
+    "render": "portkit.commands.render:render_cmd",
+    "apply": "portkit.commands.apply:apply_cmd",
+    "validate": "portkit.commands.validate:validate_cmd",
+    "drift": "portkit.commands.drift:drift_cmd",
+    "rebase": "portkit.commands.rebase:rebase_cmd",
+    "recover": "portkit.commands.recover:recover_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Commands(click.Group):
+    """The group over COMMANDS, in their order, each imported when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, name = where.split(":")
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="portkit")
 def cli() -> None:
     """Port features and patch series across drifting vendored llama.cpp trees.
@@ -41,11 +63,6 @@ def cli() -> None:
                    portkit anchors --tree .   (where each part of a feature belongs)
                    portkit drift --tree pypi:llama-cpp-python==0.3.19   (in a fork)
     """
-
-
-for command in (tree, anchors_cmd, render_cmd, apply_cmd, validate_cmd, drift_cmd, rebase_cmd,
-                recover_cmd):
-    cli.add_command(command)
 
 
 class _Late:

@@ -472,6 +472,8 @@ class _Run:
         tree as it stands before the patch: a success means its new side is there already.
         The hunk is moved to where the forward attempt looked, and given its own start as the
         line to report, so that the line GNU patch prints is where the new side was found."""
+        if not self._could_be_there(f, hunk):
+            return None
         text = hunk.text
         if hunk.old_len and hunk.new_len:  # a creation or deletion keeps its 0,0 side
             header, body = text.split("\n", 1)
@@ -483,6 +485,20 @@ class _Run:
         _, lines = _gnu(args, self.tree)
         verdict = _verdicts(lines).get(1)
         return verdict if verdict is not None and verdict.word == "succeeded" else None
+
+    def _could_be_there(self, f: FileDiff, hunk: Hunk) -> bool:
+        """False when undoing the hunk cannot succeed, without asking GNU patch: a line it
+        would have to take out again (one the hunk adds; one it removes, when undoing) is
+        nowhere in the file (not even as part of a line), and fuzz only ever spares context
+        lines."""
+        need = hunk.removed if self.reverse else hunk.added
+        path = next((self.tree / p for p in (f.new_path, f.old_path)
+                     if p and (self.tree / p).is_file()), None)
+        if not need or path is None:
+            return True  # GNU patch says
+        data = path.read_bytes()
+        return all(line.rstrip("\r\n").encode("utf-8", "surrogateescape") in data
+                   for line in need)
 
     def _restore(self, f: FileDiff) -> None:
         """The try folder's copy of the file as the scratch tree has it."""

@@ -131,6 +131,12 @@ def normalise(text: str) -> list[str]:
     return _TOKEN.findall(_COMMENT.sub(" ", text))
 
 
+def uncommented(text: str) -> str:
+    """`text` with its comments blanked out (the code that is left: names in a comment are
+    not used there)."""
+    return _COMMENT.sub(" ", text) if "/" in text else text
+
+
 def flat(text: str) -> str:
     """`text` without comments and white space: for layout-blind matching and hashing."""
     if "/" in text:

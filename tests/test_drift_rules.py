@@ -257,6 +257,10 @@ def test_rule_new_names_there(tmp_path):
         "it has trace_value, TRACE_LEVEL"
     half = FUNC.replace("    return y;\n", "    trace_value(y);\n    return y;\n")
     assert new_names_there(_place(tmp_path / "no", FUNC, half, hunk)) == ""
+    # a name in a comment is not a name used: `// TRACE_LEVEL is gone` says nothing
+    said = FUNC.replace("    return y;\n", "    trace_value(y); // no TRACE_LEVEL here\n"
+                        "    return y;\n")
+    assert new_names_there(_place(tmp_path / "comment", FUNC, said, hunk)) == ""
 
 
 def test_rule_there_under_upstreams_names(tmp_path):

@@ -11,9 +11,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from portkit.follow.words import _IDENT, _defines, _meaningful, identifiers
-from portkit.index import (
-    flat,
-)
+from portkit.index import flat, uncommented
 from portkit.series import Hunk
 
 if TYPE_CHECKING:
@@ -30,10 +28,11 @@ class Place:
     rel: str
     span: tuple[int, int] | None
     lines: list[str]
+    flats: list[str] | None = None  # `lines` flattened, when the caller has them
 
     @cached_property
     def flat_lines(self) -> list[str]:
-        return [flat(line) for line in self.lines]
+        return self.flats if self.flats is not None else [flat(line) for line in self.lines]
 
     @cached_property
     def here(self) -> set[str]:
@@ -86,11 +85,11 @@ def removed_lines_gone(p: Place) -> str:
 
 
 def new_names_there(p: Place) -> str:
-    """Every name the hunk brings is there (used right there; one it defines, defined
-    anywhere in the target), and no line it removes is left."""
+    """Every name the hunk brings is there (used right there, in code, not in a comment; one
+    it defines, defined anywhere in the target), and no line it removes is left."""
     if not p.new_names or any(r in p.here for r in p.removed):
         return ""
-    words = set(_IDENT.findall("\n".join(p.lines)))
+    words = set(_IDENT.findall(uncommented("\n".join(p.lines))))
     defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
     index = p.target.target.index
     if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):

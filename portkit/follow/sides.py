@@ -47,6 +47,7 @@ class Side:
     patterns: tuple[str, ...]
     pin: str | None = None
     _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _lines: dict[str, list[str] | None] = field(default_factory=dict, repr=False)
     _tokens: dict[str, list[list[str]]] = field(default_factory=dict, repr=False)
     _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
 
@@ -60,11 +61,18 @@ class Side:
         found = read_entry(self.root / rel)
         return found[0].decode("utf-8", errors="surrogateescape") if found else None
 
+    def lines(self, rel: str) -> list[str] | None:
+        """The file's lines (`text` split; cached: many hunks read one); None when there is
+        no such file."""
+        if rel not in self._lines:
+            text = self.text(rel)
+            self._lines[rel] = text.splitlines() if text is not None else None
+        return self._lines[rel]
+
     def flat_lines(self, rel: str) -> list[str]:
         """The file's lines without layout and comments (cached: many hunks search one)."""
         if rel not in self._flat:
-            text = self.text(rel)
-            self._flat[rel] = [flat(x) for x in text.splitlines()] if text is not None else []
+            self._flat[rel] = [flat(x) for x in self.lines(rel) or ()]
         return self._flat[rel]
 
     def file_words(self, rel: str) -> frozenset[str]:

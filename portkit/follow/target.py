@@ -124,6 +124,7 @@ class _Target:
         self.landings: dict[tuple[str, int, int, str], Landing] = {}  # relocated hunks' bytes
         self.follow_lines = False  # map the index's lines into `current` (see _line_now)
         self._blocks: dict[str, tuple[bytes | None, list[tuple[int, int]]]] = {}
+        self._now: dict[str, tuple[object, list[str], list[str]]] = {}
         self._room: tempfile.TemporaryDirectory[str] | None = None  # for _gnu_trial
         self._meaningful: dict[tuple[str, str], list[str]] = {}  # (side, file) -> its lines
         self._flat_sets: dict[str, frozenset[str] | None] = {}  # see _flat_set
@@ -208,10 +209,9 @@ class _Target:
         """For a hunk GNU patch lands only by ignoring context (fuzz: git apply would not
         take it): why the target's file has its change already by a rule that reads the
         lines as they are, when the lines it adds are new to the file since the base."""
-        text = self.target.text(hunk.path)
-        if text is None:
+        place = self.place(hunk, hunk.path, None)
+        if place is None:
             return ""
-        place = Place(self, hunk, hunk.path, None, text.splitlines())
         if not place.added or set(place.added) <= set(self.base.flat_lines(hunk.path)):
             return ""
         for rule in PRESENCE_RULES:
@@ -252,11 +252,8 @@ class _Target:
         known = self.base.file_words(hunk.path)
         if not any(_defines(w, hunk.added) for w in identifiers(hunk.added) if w not in known):
             return ""  # it defines no new name
-        text = self.target.text(hunk.path)
-        if text is None:
-            return ""
-        place = Place(self, hunk, hunk.path, None, text.splitlines())
-        return there_under_upstreams_names(place)
+        place = self.place(hunk, hunk.path, None)
+        return there_under_upstreams_names(place) if place is not None else ""
 
     def between(self, hunk: Hunk) -> str:
         """What a hunk between definitions goes next to, and whether the target has it."""
@@ -611,19 +608,27 @@ class _Target:
         failed hunk's change already, or "": the first rule of PRESENCE_RULES that holds
         says why (without `verbatim`, the rules that read lines as they are are skipped).
         Only for a hunk that does not apply: none of these overrules one that does."""
-        text = self.target.text(rel)
-        if text is None:
+        place = self.place(hunk, rel, span)
+        if place is None:
             return ""
-        lines = text.splitlines()
-        if span is not None:
-            lines = lines[max(span[0] - 1, 0):span[1]]
-        place = Place(self, hunk, rel, span, lines)
         for rule in PRESENCE_RULES:
             if verbatim or not rule.verbatim:
                 why = rule.holds(place)
                 if why:
                     return why
         return ""
+
+    def place(self, hunk: Hunk, rel: str, span: tuple[int, int] | None) -> Place | None:
+        """Where the presence rules look for the hunk's change: the target's file `rel` as
+        upstream has it, within `span` lines; None when there is no such file."""
+        lines = self.target.lines(rel)
+        if lines is None:
+            return None
+        flats = self.target.flat_lines(rel)
+        if span is not None:
+            lo, hi = max(span[0] - 1, 0), span[1]
+            lines, flats = lines[lo:hi], flats[lo:hi]
+        return Place(self, hunk, rel, span, lines, flats)
 
     def present_renamed(self, hunk: Hunk, rel: str, span: tuple[int, int] | None,
                         removed: list[str]) -> str:
@@ -675,14 +680,14 @@ class _Target:
     # -- nearest match -----------------------------------------------------------------
 
     def nearest(self, hunk: Hunk, rel: str, span: tuple[int, int] | None) -> Nearest | None:
-        current = self._current(rel)
-        if current is None:
+        now = self._now_lines(rel)
+        if now is None:
             return None
-        lines = current.decode("utf-8", errors="surrogateescape").splitlines()
+        lines, flats = now
         lo, hi = (max(span[0] - 1, 0), span[1]) if span else (0, len(lines))
         where: dict[str, list[int]] = defaultdict(list)
         for i in range(lo, min(hi, len(lines))):
-            where[flat(lines[i])].append(i)
+            where[flats[i]].append(i)
         old = list(hunk.old_lines)
         voters: dict[int, set[int]] = defaultdict(set)  # a start -> the old lines there
         for pos, line in enumerate(old):
@@ -778,13 +783,25 @@ class _Target:
                 best = (shared, rel)
         return self.nearest(hunk, best[1], None) if best else None
 
+    def _now_lines(self, rel: str) -> tuple[list[str], list[str]] | None:
+        """The target's file `rel` as the series is carried: its lines and those lines
+        flattened (cached while the file stays the same); None when there is none."""
+        carried: object = self.current.get(rel, _ON_DISK)
+        kept = self._now.get(rel)
+        if kept is None or kept[0] is not carried:
+            data = self._current(rel)
+            if data is None:
+                return None
+            lines = data.decode("utf-8", errors="surrogateescape").splitlines()
+            kept = self._now[rel] = (carried, lines, [flat(x) for x in lines])
+        return kept[1], kept[2]
+
     def _flat_set(self, rel: str) -> frozenset[str] | None:
         """The target's file `rel` as upstream has it, as a set of flattened lines (cached:
         every hunk looked for anywhere reads the same files); None when there is none."""
         if rel not in self._flat_sets:
-            text = self.target.text(rel)
-            self._flat_sets[rel] = frozenset(flat(x) for x in text.splitlines()) \
-                if text is not None else None
+            self._flat_sets[rel] = frozenset(self.target.flat_lines(rel)) \
+                if self.target.lines(rel) is not None else None
         return self._flat_sets[rel]
 
     def _words_now(self, rel: str) -> frozenset[str]:
@@ -1024,6 +1041,9 @@ _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
 
 _SOURCES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".m", ".mm", ".metal")
 SHIFT = 2  # lines a hunk's old lines may have drifted apart by (a line added between)
+
+
+_ON_DISK = object()  # a file of the target as upstream has it (not carried over by the series)
 
 
 def _added_runs(hunk: Hunk) -> list[str]:

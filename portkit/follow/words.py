@@ -70,8 +70,7 @@ def _definition(name: str) -> re.Pattern[str]:
 def _defines(name: str, lines: Iterable[str]) -> bool:
     """Whether `lines` define `name` (a function or declaration at file scope, a field, a
     variable, an enumerator or a macro) rather than only use it."""
-    pattern = _definition(name)
-    return any(name in line and pattern.search(line) for line in lines)
+    return any(name in line and _definition(name).search(line) for line in lines)
 
 
 def _meaningful(lines: Iterable[str]) -> list[str]:
