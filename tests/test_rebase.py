@@ -1034,3 +1034,36 @@ def test_a_patch_carried_onto_a_file_an_earlier_patch_settled_for_review_is_for_
     assert "carried onto what an earlier patch, for review there, made of src/tool.cpp " \
         "(0001-tool-d.patch)" in second.reason
     assert third.status == rb.UNCHANGED, third.reason
+
+
+OPS = ('static const char * OP_NAME[OP_COUNT] = {\n    "NONE",\n    "ADD",\n};\n\n'
+       'static_assert(OP_COUNT == 2, "OP_COUNT != 2");\n\nint ops(void) {\n    return 0;\n}\n')
+
+
+@pytest.mark.parametrize(("table", "count"), [
+    # upstream added an operator of its own: the count is upstream's, raised by the patch's
+    ('    "NONE",\n    "ADD",\n    "MUL",\n', 4),
+    # upstream added the patch's own operator (elsewhere in the table): the count is right
+    # as upstream has it
+    ('    "NONE",\n    "UNPAD",\n    "ADD",\n', 3),
+])
+def test_a_count_the_patch_raises_that_upstream_raised_too_is_raised_once_more(
+        tmp_path, table, count):
+    """The patch adds an operator and raises the assertion 2 -> 3. Upstream asserts 3 too:
+    git's merge sees one change on both sides and keeps 3; the tree with the patch has 4
+    operators, unless upstream's third is the patch's own."""
+    target_ops = OPS.replace('    "NONE",\n    "ADD",\n', table).replace(
+        "OP_COUNT == 2, \"OP_COUNT != 2\"", "OP_COUNT == 3, \"OP_COUNT != 3\"")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/ops.c": OPS}, {**BASE, "src/ops.c": target_ops},
+        [("ops: unpad", {"src/ops.c": (
+            '    "ADD",\n};\n\nstatic_assert(OP_COUNT == 2, "OP_COUNT != 2");\n',
+            '    "ADD",\n    "UNPAD",\n};\n\nstatic_assert(OP_COUNT == 3, "OP_COUNT != 3");\n')})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    carried = (done.carried.get("src/ops.c") or target_ops.encode()).decode()
+    assert f'static_assert(OP_COUNT == {count}, "OP_COUNT != {count}");' in carried, row.reason
+    if count == 4:
+        assert row.status == rb.NEEDS_REVIEW and "upstream raised the count it raises" in \
+            row.reason, row.reason
+        assert '"MUL",\n    "UNPAD",' in carried or '"UNPAD",\n    "MUL",' in carried

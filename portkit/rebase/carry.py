@@ -19,6 +19,7 @@ from portkit.anchors import aliases_of
 from portkit.cache import lay_down, read_entry
 from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
+from portkit.follow.counts import only_raises, recount
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
 from portkit.follow.text import (
@@ -476,7 +477,9 @@ class _Carrier:
                     conflicts.append(f"{rel}: {merged.conflicts} conflict(s) in a 3-way merge")
                     failed.append(rel)
                     continue
-                result = merged.data
+                result, raised = recount([h for h in patch.hunks if h.path == rel], b, o,
+                                         merged.data)
+                review += [f"{home}: {note}" for note in raised]
                 same = merged.settled.count(SAME_POINT)
                 beside = merged.settled.count(BESIDE)
                 deleted = merged.settled.count(DELETED)
@@ -852,6 +855,8 @@ def _hunks_there(f: FileDiff, ours: dict[str, bytes | None],
     out = []
     for hunk in f.hunks:
         added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
+        if only_raises(hunk):
+            continue  # a count upstream raised too: raised once more (recount), not twice
         if added and all(a in here and a not in before for a in added):
             out.append(hunk)
     return out
@@ -870,7 +875,7 @@ def _hunks_partly_there(f: FileDiff, ours: dict[str, bytes | None],
     whole = set(_hunks_there(f, ours, base))
     out = []
     for hunk in f.hunks:
-        if hunk in whole:
+        if hunk in whole or only_raises(hunk):
             continue
         lines = [x for x in hunk.added if len(flat(x)) >= _SAYS and _NAMED.search(x)
                  and flat(x) in here and flat(x) not in before]

@@ -1,0 +1,92 @@
+"""Counts a patch raises that upstream raised too: `static_assert(GGML_OP_COUNT == 82, ...)`.
+
+A patch that adds an operator raises the count its file asserts (81 -> 82). When upstream
+added an operator of its own, the target asserts 82 already: git's merge sees the same
+change on both sides and keeps 82, but the tree with the patch has 83 operators. So where a
+line the patch changes only by raising its numbers (each by the same k) is an assertion,
+and the target has the patch's new line while the base had the old one, the line is the
+target's count raised by k - unless the target has the rest of what the patch adds to that
+file too (upstream took the patch's own operator, and the count is right as it is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from portkit.index import flat
+from portkit.series import Hunk
+
+_NUMBER = re.compile(r"\b\d+\b")
+_MEANINGFUL = 4
+
+
+def _shape(line: str) -> str:
+    return _NUMBER.sub("#", line)
+
+
+def _raised(old: str, new: str) -> int | None:
+    """k when `new` is `old` with each of its numbers raised by the same k > 0, else None."""
+    if "static_assert" not in old or _shape(old) != _shape(new):
+        return None
+    a, b = [int(x) for x in _NUMBER.findall(old)], [int(x) for x in _NUMBER.findall(new)]
+    steps = {y - x for x, y in zip(a, b, strict=True) if y != x}
+    if len(steps) != 1 or not all(y - x in steps or y == x for x, y in zip(a, b, strict=True)):
+        return None
+    k = steps.pop()
+    return k if k > 0 else None
+
+
+def only_raises(hunk: Hunk) -> bool:
+    """Whether every line the hunk adds raises a count one of its removed lines asserts."""
+    return bool(hunk.added) and all(any(_raised(old, new) for old in hunk.removed)
+                                    for new in hunk.added)
+
+
+def recount(hunks: Sequence[Hunk], base: bytes, ours: bytes,
+            merged: bytes) -> tuple[bytes, list[str]]:
+    """`merged` (the file carried by text) with each count the patch raises that upstream
+    raised too raised once more; and a note for each line so changed."""
+    raises: dict[str, tuple[str, int]] = {}  # the patch's new line -> (its old line, k)
+    for hunk in hunks:
+        for old in hunk.removed:
+            for new in hunk.added:
+                k = _raised(old, new)
+                if k is not None:
+                    raises.setdefault(new, (old, k))
+    if not raises:
+        return merged, []
+    base_lines = set(base.decode("utf-8", "surrogateescape").splitlines(keepends=True))
+    ours_lines = set(ours.decode("utf-8", "surrogateescape").splitlines(keepends=True))
+    here = {flat(x) for x in ours_lines}
+    rest = [flat(x) for h in hunks for x in h.added
+            if x not in raises and len(flat(x)) >= _MEANINGFUL]
+    if rest and all(x in here for x in rest):
+        return merged, []  # upstream has what the patch adds: its count is right
+    lines = merged.decode("utf-8", "surrogateescape").splitlines(keepends=True)
+    notes: list[str] = []
+    for new, (old, k) in raises.items():
+        if new not in ours_lines or new in base_lines or old not in base_lines:
+            continue
+        raised = _raise_changed(old, new, k)
+        if raised is None:
+            continue
+        count = sum(1 for x in lines if x == new)
+        lines = [raised if x == new else x for x in lines]
+        notes.append(f"upstream raised the count it raises ({new.strip()[:60]}): raised once "
+                     f"more ({count}x)")
+    return "".join(lines).encode("utf-8", "surrogateescape"), notes
+
+
+def _raise_changed(old: str, new: str, k: int) -> str | None:
+    """`new` with the numbers that differ from `old` raised by k once more."""
+    a = _NUMBER.findall(old)
+    parts = _NUMBER.split(new)
+    b = _NUMBER.findall(new)
+    if len(a) != len(b):
+        return None
+    out = [parts[0]]
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        out.append(str(int(y) + k) if x != y else y)
+        out.append(parts[i + 1])
+    return "".join(out)
