@@ -1067,3 +1067,29 @@ def test_a_count_the_patch_raises_that_upstream_raised_too_is_raised_once_more(
         assert row.status == rb.NEEDS_REVIEW and "upstream raised the count it raises" in \
             row.reason, row.reason
         assert '"MUL",\n    "UNPAD",' in carried or '"UNPAD",\n    "MUL",' in carried
+
+
+SIZES_H = "enum model_type {\n    TYPE_1B,\n    TYPE_537M,\n    TYPE_2B,\n    TYPE_7B,\n};\n"
+SIZES = ("int pick_type(int n_layer) {\n    int type = 0;\n    switch (n_layer) {\n"
+         "        case 18: type = TYPE_537M; break;\n        case 26: type = TYPE_1B; break;\n"
+         "    }\n    return type;\n}\n")
+
+
+def test_a_change_upstream_made_in_its_own_form_is_dropped_though_settling_carries_a_file(
+        tmp_path):
+    """The patch types 18 layers as TYPE_270M (with a comment) and drops TYPE_537M. Upstream
+    did both its own way: the same line without the comment, and TYPE_537M replaced by
+    another size. Text carries sizes.cpp only by settling (word by word: the comment), and
+    not sizes.h (a conflict); structure finds the whole change upstream: dropped."""
+    target_h = SIZES_H.replace("    TYPE_537M,\n", "    TYPE_270M,\n    TYPE_SMALL_NEW,\n")
+    target = SIZES.replace("TYPE_537M; break;", "TYPE_270M;  break;")
+    base, target_tree, folder = project(
+        tmp_path, {**BASE, "src/sizes.h": SIZES_H, "src/sizes.cpp": SIZES},
+        {**BASE, "src/sizes.h": target_h, "src/sizes.cpp": target},
+        [("sizes: 270m", {"src/sizes.h": ("    TYPE_537M,\n", "    TYPE_270M,\n"),
+                          "src/sizes.cpp": ("TYPE_537M; break;",
+                                            "TYPE_270M; break; // the 270m checkpoint")})])
+    done = rb.rebase(read_series(folder), detect(target_tree), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.DROPPED, row.reason
+    assert not done.carried

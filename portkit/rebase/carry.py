@@ -254,6 +254,12 @@ class _Carrier:
         if text.clean and set(text.failed) < set(patch.paths):
             # text carries some files: structure decides only the others
             rest = self._structure(patch, before_base, frozenset(text.failed))
+            if rest.status == DROPPED and set(text.doubt) >= set(text.clean):
+                # the rest is upstream's already, and text carried the others only by
+                # portkit's settling: structure that finds the whole change there goes first
+                there = self._structure(patch, before_base)
+                if there.status == DROPPED:
+                    return there
             if rest.status != NEEDS_HUMAN:
                 return self._mixed(patch, text, rest)
         outcome = self._structure(patch, before_base)
