@@ -56,21 +56,28 @@ def identifiers(lines: Iterable[str]) -> list[str]:
     return list(seen)
 
 
-@lru_cache(maxsize=4096)
-def _definition(name: str) -> re.Pattern[str]:
-    word = re.escape(name)
-    return re.compile("|".join((
-        rf"^[A-Za-z_][\w:<>,\s*&]*\b{word}\s*\(",  # ret name(...) at file scope
-        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*(?:[;={{\[]|$)",  # type name; / = / {
-        rf"^\s*(?:[\w:<>,*&]+\s+)+[*&]*{word}\s*\(",  # (member) function declaration
-        rf"^\s*#\s*define\s+{word}\b",
-        rf"^\s*{word}\s*(?:=[^=]|,|$)")))  # an enumerator
+# Where a line defines a name, the name at that place (one group each): a function or
+# declaration at file scope (`ret name(`), a field or variable (`type name;`, `= `, `{`, `[`),
+# a (member) function declaration, a macro, an enumerator.
+_DEFINITIONS = tuple(re.compile(p) for p in (
+    r"^[A-Za-z_][\w:<>,\s*&]*\b(\w+)\s*\(",
+    r"^\s*(?:[\w:<>,*&]+\s+)+[*&]*(\w+)\s*(?:[;={\[]|$)",
+    r"^\s*(?:[\w:<>,*&]+\s+)+[*&]*(\w+)\s*\(",
+    r"^\s*#\s*define\s+(\w+)",
+    r"^\s*(\w+)\s*(?:=[^=]|,|$)"))
+
+
+@lru_cache(maxsize=65536)
+def _defined_names(line: str) -> frozenset[str]:
+    """The names `line` defines, read as `_defines` reads them (patterns compiled once, not
+    once per name: many names are asked of few lines)."""
+    return frozenset(m.group(1) for p in _DEFINITIONS if (m := p.search(line)) is not None)
 
 
 def _defines(name: str, lines: Iterable[str]) -> bool:
     """Whether `lines` define `name` (a function or declaration at file scope, a field, a
     variable, an enumerator or a macro) rather than only use it."""
-    return any(name in line and _definition(name).search(line) for line in lines)
+    return any(name in line and name in _defined_names(line) for line in lines)
 
 
 def _meaningful(lines: Iterable[str]) -> list[str]:
