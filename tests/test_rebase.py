@@ -1093,3 +1093,26 @@ def test_a_change_upstream_made_in_its_own_form_is_dropped_though_settling_carri
     (row,) = done.report.patches
     assert row.status == rb.DROPPED, row.reason
     assert not done.carried
+
+
+def test_structure_for_the_rest_writes_the_targets_names_only_in_the_patchs_own_lines(
+        tmp_path):
+    """Patch 1 is carried in two ways (tool.cpp by text, a.m by structure) and its line in
+    tool.cpp uses a name upstream renamed: the line is written with the target's name, and
+    upstream's own lines that tell the old name (a comment) stay as upstream wrote them."""
+    steps = STEPS.replace("int f(int x)", "static int f(int x, int y)")
+    told = "// was llm_graph_input_attn_kv_unified before the rename\n" + TOOL
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/tool.cpp": TOOL, "src/a.m": PARTS + STEPS,
+                   "src/kv.h": "struct llm_graph_input_attn_kv_unified {\n    int n;\n};\n"},
+        {**BASE, "src/tool.cpp": told, "src/a.cpp": "// split\n\n" + steps, "src/b.cpp": PARTS,
+         "src/kv.h": "struct llm_graph_input_attn_kv {\n    int n;\n};\n"},
+        [("both: two files", {
+            "src/tool.cpp": ("    int c = 3;\n", "    int c = 3;\n"
+                             "    int k = sizeof(llm_graph_input_attn_kv_unified);\n"),
+            "src/a.m": ("    int beta = alpha * 2;\n", "    int beta = alpha * 20;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.NEEDS_REVIEW, row.reason
+    assert done.carried["src/tool.cpp"] == told.replace("    int c = 3;\n", (
+        "    int c = 3;\n    int k = sizeof(llm_graph_input_attn_kv);\n")).encode(), row.reason

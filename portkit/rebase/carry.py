@@ -306,7 +306,8 @@ class _Carrier:
             *text.review, f"text carries {kept}, not {', '.join(text.failed)} ({text.why})",
             f"{how}{rest.reason}"]), {**text.clean, **rest.after},
             modes={**text.modes, **rest.modes}, doubt=(*text.doubt, *rest.after))
-        outcome = self._in_target_names(patch, outcome, {})
+        outcome = self._in_target_names(patch, outcome,
+                                        {rel: self.work.get(rel) for rel in outcome.after})
         outcome = self._semantic(patch, outcome)
         for rel, data in outcome.after.items():
             self.work.put(rel, data, outcome.modes.get(rel))
