@@ -454,11 +454,12 @@ def param_arity(param_list: str) -> tuple[int, int | None]:
     (those without a default), at most (None: any number, `...` or a parameter pack).
     `(void)` takes none."""
     src = f"void f{param_list};".encode()
-    fdecl, _ = _function_declarator(
-        _param_parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
+    top = _param_parser().parse(src).root_node.named_children
+    fdecl, _ = _function_declarator(top[0].child_by_field_name("declarator")) if top \
+        else (None, "")
     params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
     if params is None:
-        return 0, None
+        return 0, None  # not a parameter list tree-sitter reads: any number, no claim
     least, most = 0, 0
     for param in params.children:
         if param.type in {"...", "variadic_parameter", "variadic_parameter_declaration"}:

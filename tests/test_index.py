@@ -22,6 +22,8 @@ from portkit.index import (
     VARIABLE,
     Index,
     ParseCache,
+    calls,
+    param_arity,
     parse_source,
 )
 
@@ -479,3 +481,22 @@ def test_real_enumerators_and_macros(registry_tree):
     assert '"qwen2"' in ix.body(names)
     (add,) = ix.find("ggml_add", {DECLARATION})
     assert add.returns == "struct ggml_tensor *", "GGML_API is not the return type"
+
+
+@pytest.mark.parametrize(("params", "arity"), [
+    ("(void)", (0, 0)),
+    ("()", (0, 0)),
+    ("(int a, float b = 1.0f)", (1, 2)),
+    ("(const std::map<int, int> & m, int n = 0, ...)", (1, None)),
+    ("(Args &&... args)", (0, None)),
+    ("((((", (0, None)),  # not a list tree-sitter reads: no claim
+])
+def test_param_arity_counts_what_a_call_may_pass(params, arity):
+    assert param_arity(params) == arity
+
+
+def test_calls_are_free_or_qualified_names_with_their_argument_count():
+    code = ("cur = build_attn(inp, gf,\n    q, f(x, y), {1, 2}, 1.0f/sqrtf(n), il);\n"
+            "ctx->run(1, 2);\nggml::init();\ncb(x, \"a, b\");\n")
+    assert sorted(calls(code)) == sorted([("build_attn", 7), ("f", 2), ("sqrtf", 1),
+                                          ("ggml::init", 0), ("cb", 2)])
