@@ -12,8 +12,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jinja2
-
 from portkit.anchors import Resolution
 from portkit.errors import AnchorError, SpecError
 from portkit.features import Feature, Resolved, feature_dir, resolve_feature
@@ -123,6 +121,8 @@ class _Renderer:
         self.manifest = manifest
         self.index = index
         self.res = resolutions
+        import jinja2  # only where a feature is rendered (drift and rebase never do)
+
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(manifest.folder / "fragments"),
             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)

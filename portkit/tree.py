@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import git
+if TYPE_CHECKING:
+    import git
 
 from portkit.cache import (
     STARTED,
@@ -94,12 +95,18 @@ def _git_env() -> dict[str, str]:
 
 
 def _repo(path: Path) -> git.Repo:
+    import git  # GitPython, when a tree is a git repository (a drift of folders never needs it)
+
     repo = git.Repo(path)
     repo.git.update_environment(**_git_env())
     return repo
 
 
 def _git_head(path: Path) -> str | None:
+    if not (path / ".git").exists():
+        return None  # no repository here (a checkout has .git, a worktree's is a file)
+    import git
+
     try:
         return _repo(path).head.commit.hexsha
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
@@ -286,6 +293,8 @@ def _incomplete(sdist: Path) -> str | None:
 
 
 def _fetch_git(spec: str) -> Path:
+    import git
+
     url, sep, rev = spec.rpartition("@")
     if not sep or not url or not rev:
         raise SpecError(f"git spec must be git:URL@REV: git:{spec}")
@@ -311,6 +320,8 @@ def _fetch_git(spec: str) -> Path:
 
 def _mirror_rev(url: str, rev: str, mirror: Path) -> str:
     """Bring the bare mirror of `url` up to date (cloning it on first use) and resolve `rev`."""
+    import git
+
     try:
         repo = None
         if mirror.exists():

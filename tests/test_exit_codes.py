@@ -389,3 +389,18 @@ def test_a_git_spec_naming_nothing_is_9_and_an_unreachable_remote_15(tmp_path):
     run = portkit("tree", "fetch", "git:http://127.0.0.1:9/x.git@abc", cache=cache)
     one_line(run, errors.FetchError.exit_code, "cannot fetch abc from http://127.0.0.1:9/x.git: ")
     assert run.returncode == 15
+
+
+def test_gitpythons_no_git_program_is_git_missing(capsys):
+    """GitPython is loaded only where a git repository is read; its "no git program" is
+    still GitMissing's one line and code, not a bug's 70."""
+    from git.exc import GitCommandNotFound
+
+    from portkit.commands.common import exit_for
+    from portkit.errors import GitMissing
+
+    with pytest.raises(SystemExit) as done:
+        exit_for(GitCommandNotFound("git", "not found"))
+    assert done.value.code == GitMissing.exit_code != 70
+    assert capsys.readouterr().err.strip() == \
+        "portkit: git not found: install git, or put it on PATH"

@@ -16,7 +16,6 @@ from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
-from git.exc import GitCommandNotFound
 
 from portkit import tree as tree_mod
 from portkit.errors import FileError, GitMissing, Interrupted, PortkitError, UsageError
@@ -47,13 +46,20 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _git_not_found(exc: BaseException) -> bool:
+    """GitPython's "no git program" (only where GitPython was loaded: it is imported when a
+    git repository is read, not at the start of every command)."""
+    gitpython = sys.modules.get("git.exc")
+    return gitpython is not None and isinstance(exc, gitpython.GitCommandNotFound)
+
+
 def exit_for(exc: BaseException) -> NoReturn:
     """Print the one line a failure deserves and exit with its code (docs/exit-codes.md);
     anything that is not a PortkitError of a kind is a bug in portkit: exit 70
     (PORTKIT_DEBUG=1 shows the trace). Nothing leaves with exit 1."""
     if isinstance(exc, KeyboardInterrupt | click.Abort):
         exc = Interrupted(signal.SIGINT)
-    elif isinstance(exc, GitCommandNotFound):
+    elif _git_not_found(exc):
         exc = GitMissing("git not found: install git, or put it on PATH")
     elif isinstance(exc, OSError):
         exc = file_error(exc)
