@@ -420,15 +420,22 @@ def _param_parser() -> Parser:
     return Parser(_language())
 
 
+def _parameter_list(param_list: str) -> tuple[bytes, Node | None]:
+    """The source `void f(...);` a parameter list is read in, and tree-sitter's
+    parameter_list node of it (None when tree-sitter reads no function declarator)."""
+    src = f"void f{param_list};".encode()
+    top = _param_parser().parse(src).root_node.named_children
+    fdecl, _ = _function_declarator(top[0].child_by_field_name("declarator")) if top \
+        else (None, "")
+    return src, fdecl.child_by_field_name("parameters") if fdecl is not None else None
+
+
 @lru_cache(maxsize=4096)
 def param_types(param_list: str) -> tuple[str, ...]:
     """The parameter types of a parameter list `(...)` as written, by a tree-sitter parse.
 
     A pure function of the text, so memoised for the process rather than per index."""
-    src = f"void f{param_list};".encode()
-    fdecl, _ = _function_declarator(
-        _param_parser().parse(src).root_node.named_children[0].child_by_field_name("declarator"))
-    params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
+    src, params = _parameter_list(param_list)
     if params is None:
         return ()
     types = []
@@ -453,11 +460,7 @@ def param_arity(param_list: str) -> tuple[int, int | None]:
     """How many arguments a parameter list `(...)` takes, by a tree-sitter parse: at least
     (those without a default), at most (None: any number, `...` or a parameter pack).
     `(void)` takes none."""
-    src = f"void f{param_list};".encode()
-    top = _param_parser().parse(src).root_node.named_children
-    fdecl, _ = _function_declarator(top[0].child_by_field_name("declarator")) if top \
-        else (None, "")
-    params = fdecl.child_by_field_name("parameters") if fdecl is not None else None
+    src, params = _parameter_list(param_list)
     if params is None:
         return 0, None  # not a parameter list tree-sitter reads: any number, no claim
     least, most = 0, 0

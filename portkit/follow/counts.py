@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from portkit.follow.words import _MEANINGFUL
 from portkit.index import flat
 from portkit.series import Hunk
 
 _NUMBER = re.compile(r"\b\d+\b")
-_MEANINGFUL = 4
 
 
 def _shape(line: str) -> str:
@@ -69,8 +69,6 @@ def recount(hunks: Sequence[Hunk], base: bytes, ours: bytes,
         if new not in ours_lines or new in base_lines or old not in base_lines:
             continue
         raised = _raise_changed(old, new, k)
-        if raised is None:
-            continue
         count = sum(1 for x in lines if x == new)
         lines = [raised if x == new else x for x in lines]
         notes.append(f"upstream raised the count it raises ({new.strip()[:60]}): raised once "
@@ -78,15 +76,9 @@ def recount(hunks: Sequence[Hunk], base: bytes, ours: bytes,
     return "".join(lines).encode("utf-8", "surrogateescape"), notes
 
 
-def _raise_changed(old: str, new: str, k: int) -> str | None:
-    """`new` with the numbers that differ from `old` raised by k once more."""
-    a = _NUMBER.findall(old)
-    parts = _NUMBER.split(new)
-    b = _NUMBER.findall(new)
-    if len(a) != len(b):
-        return None
-    out = [parts[0]]
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        out.append(str(int(y) + k) if x != y else y)
-        out.append(parts[i + 1])
-    return "".join(out)
+def _raise_changed(old: str, new: str, k: int) -> str:
+    """`new` with the numbers that differ from `old` raised by k once more (the two lines
+    have one shape, `_raised`)."""
+    olds = iter(_NUMBER.findall(old))
+    return _NUMBER.sub(lambda m: str(int(m.group()) + k) if m.group() != next(olds)
+                       else m.group(), new)

@@ -278,10 +278,11 @@ class _Carrier:
             # only the files later patches change are carried in part (what no later patch
             # needs waits for the human whole), and none whose every hunk upstream has, as
             # it is or in its own form (carried, the change would be there twice)
-            upstream = {f.path for f in patch.files
-                        if f.hunks and len(_hunks_there(f, before_work, before_base))
-                        + len(_hunks_partly_there(f, before_work, before_base))
-                        == len(f.hunks)}
+            upstream = set()
+            for f in patch.files:
+                whole, partly = _upstream_made(f, before_work, before_base)
+                if f.hunks and len(whole) + len(partly) == len(f.hunks):
+                    upstream.add(f.path)
             text = replace(text, clean={rel: d for rel, d in text.clean.items()
                                         if rel not in upstream and rel in later})
             if text.clean:
@@ -361,14 +362,16 @@ class _Carrier:
         may write it twice. Never a drop (text carried it): a note for a reviewer."""
         if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
             return outcome
+        made = [_upstream_made(f, ours, base) for f in patch.files]
         notes = [f"{f.path}:{hunk.old_start}: every line it adds is in the target already: "
                  "carried, it may be there twice"
-                 for f in patch.files for hunk in _hunks_there(f, ours, base)]
+                 for f, (there, _) in zip(patch.files, made, strict=True) for hunk in there]
         whole = len(notes)
         notes += [f"{f.path}:{hunk.old_start}: upstream added {len(lines)} of the lines it "
                   f"adds ({lines[0].strip()[:60]}): the target may have this change in its "
                   "own form"
-                  for f in patch.files for hunk, lines in _hunks_partly_there(f, ours, base)]
+                  for f, (_, partly) in zip(patch.files, made, strict=True)
+                  for hunk, lines in partly]
         if not notes:
             return outcome
         if outcome.settled and whole == len(notes) == len(patch.hunks):
@@ -851,44 +854,32 @@ class _Carrier:
         return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _hunks_there(f: FileDiff, ours: dict[str, bytes | None],
-                 base: dict[str, bytes | None]) -> list[Hunk]:
-    """The hunks of file section `f` that add only lines the target's file (`ours`) has and
-    the base's did not: what upstream took as it is."""
+def _upstream_made(f: FileDiff, ours: dict[str, bytes | None], base: dict[str, bytes | None]
+                   ) -> tuple[list[Hunk], list[tuple[Hunk, list[str]]]]:
+    """What upstream made of the hunks of file section `f`, read off the lines the target's
+    file (`ours`) has and the base's did not: the hunks that add only such lines (upstream
+    took them as they are), and the others with the lines they add that upstream added too
+    (lines that say something on their own: a name in them, more than a bracket and a
+    keyword; like the `case` of a switch upstream now handles itself). A hunk that only
+    raises a count upstream raised too is neither (recount raises it once more)."""
     if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
-        return []
+        return [], []
     here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
     before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
-    out = []
+    whole: list[Hunk] = []
+    partly: list[tuple[Hunk, list[str]]] = []
     for hunk in f.hunks:
-        added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
         if only_raises(hunk):
-            continue  # a count upstream raised too: raised once more (recount), not twice
+            continue
+        added = [a for a in (flat(x) for x in hunk.added) if len(a) >= 4]
         if added and all(a in here and a not in before for a in added):
-            out.append(hunk)
-    return out
-
-
-def _hunks_partly_there(f: FileDiff, ours: dict[str, bytes | None],
-                        base: dict[str, bytes | None]) -> list[tuple[Hunk, list[str]]]:
-    """The hunks of file section `f`, not all there already, with the lines they add that
-    upstream added too (the target's file has them, the base's did not): lines that say
-    something on their own (a name in them, and more than a bracket and a keyword), like
-    the `case` of a switch upstream now handles itself."""
-    if f.status not in ("modified", "renamed") or ours.get(f.path) is None:
-        return []
-    here = {flat(x) for x in _text_of(ours[f.path]).splitlines()}
-    before = {flat(x) for x in _text_of(base.get(f.path)).splitlines()}
-    whole = set(_hunks_there(f, ours, base))
-    out = []
-    for hunk in f.hunks:
-        if hunk in whole or only_raises(hunk):
+            whole.append(hunk)
             continue
         lines = [x for x in hunk.added if len(flat(x)) >= _SAYS and _NAMED.search(x)
                  and flat(x) in here and flat(x) not in before]
         if lines:
-            out.append((hunk, lines))
-    return out
+            partly.append((hunk, lines))
+    return whole, partly
 
 
 _SAYS = 12  # a line that, flattened, is at least this long says something on its own
