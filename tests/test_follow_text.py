@@ -62,13 +62,51 @@ def test_beside_is_not_an_insertion_inside_what_upstream_rewrote():
     assert b"<<<<<<< target" in done.data
 
 
-def test_same_point_the_patchs_lines_go_first_right_after_the_line_they_follow():
+def test_same_point_upstreams_lines_stay_after_the_line_they_follow_the_patchs_come_next():
     ours = lines(1, 2, 3, 4, 5, 6, b"upstream\n", 7, 8, 9, 10, 11, 12)
     theirs = lines(1, 2, 3, 4, 5, 6, b"patch\n", 7, 8, 9, 10, 11, 12)
     done = merge(ours, BASE, theirs)
     assert done.conflicts == 0 and done.settled == (SAME_POINT,)
-    assert done.data == lines(1, 2, 3, 4, 5, 6, b"patch\n", b"upstream\n", 7, 8, 9, 10, 11,
+    assert done.data == lines(1, 2, 3, 4, 5, 6, b"upstream\n", b"patch\n", 7, 8, 9, 10, 11,
                               12)
+
+
+ENUM = b"".join(b"    LLM_TYPE_%dB,\n" % n for n in (1, 3, 7, 13, 20, 30, 34, 40, 65, 70))
+
+
+def _inserted(after: bytes, line: bytes) -> bytes:
+    return ENUM.replace(after, after + line)
+
+
+def test_same_point_the_patchs_lines_go_first_where_that_keeps_a_sorted_list_in_order():
+    """The patch adds 22B after 20B, upstream 27B there: 20B, 22B, 27B, 30B is the
+    list's order; 20B, 27B, 22B would break it."""
+    ours = _inserted(b"    LLM_TYPE_20B,\n", b"    LLM_TYPE_27B,\n")
+    theirs = _inserted(b"    LLM_TYPE_20B,\n", b"    LLM_TYPE_22B,\n")
+    done = merge(ours, ENUM, theirs)
+    assert done.conflicts == 0 and done.settled == (SAME_POINT,)
+    assert done.data == _inserted(b"    LLM_TYPE_20B,\n",
+                                  b"    LLM_TYPE_22B,\n    LLM_TYPE_27B,\n")
+
+
+def test_same_point_upstreams_lines_first_where_that_is_the_sorted_lists_order():
+    """Upstream adds 22B after 20B, the patch 27B there: upstream's first keeps the order."""
+    ours = _inserted(b"    LLM_TYPE_20B,\n", b"    LLM_TYPE_22B,\n")
+    theirs = _inserted(b"    LLM_TYPE_20B,\n", b"    LLM_TYPE_27B,\n")
+    done = merge(ours, ENUM, theirs)
+    assert done.data == _inserted(b"    LLM_TYPE_20B,\n",
+                                  b"    LLM_TYPE_22B,\n    LLM_TYPE_27B,\n")
+
+
+def test_same_point_a_list_not_in_order_has_upstreams_lines_first():
+    """Entries appended as they came (an arch table): the patch's after upstream's."""
+    table = b"".join(b"    { LLM_ARCH_%s },\n" % n for n in
+                     (b"LLAMA", b"FALCON", b"PHI2", b"GEMMA", b"PLM", b"UNKNOWN"))
+    ours = table.replace(b"PLM },\n", b"PLM },\n    { LLM_ARCH_BAILINGMOE },\n")
+    theirs = table.replace(b"PLM },\n", b"PLM },\n    { LLM_ARCH_MISTRAL3 },\n")
+    done = merge(ours, table, theirs)
+    assert done.data == table.replace(
+        b"PLM },\n", b"PLM },\n    { LLM_ARCH_BAILINGMOE },\n    { LLM_ARCH_MISTRAL3 },\n")
 
 
 def test_same_point_is_not_two_rewrites_of_one_line():

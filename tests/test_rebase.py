@@ -501,7 +501,7 @@ def test_rotation_onto_newer_trees_differs_from_the_direct_render_only_as_explai
                 continue
             unexplained.append((rel, op, definition_above(a, i1), changed))
     # Where upstream inserted lines at the very place a patch inserts its own, the patch's
-    # go first (portkit.merge's same-point rule, for review): the same lines, in another
+    # go after them (portkit.merge's same-point rule, for review): the same lines, in another
     # order than the direct render's. A line moved so is explained; any other is not.
     moved = Counter(line for _, op, _, lines in unexplained if op == "insert"
                     for line in lines if line.strip()) & \

@@ -9,9 +9,12 @@ only those blocks where the order is given by the text itself:
            other side rewrote: the insertion goes on that side of the rewrite, as the
            inserting side wrote it (its lines stay next to the line they followed, or
            before the line they preceded);
-  same-point  both sides only insert, at the same place: the patch's lines go first,
-           right after the line the patch puts them after (the hunk's leading context),
-           then upstream's. The order is a choice, so the caller reports it for review.
+  same-point  both sides only insert, at the same place: upstream's lines stay where
+           upstream put them, right after the line they follow, and the patch's come after
+           them (a fork's entries at the end of the run upstream extended); the patch's go
+           first only where that, and not the other order, keeps the lines around in order
+           (a sorted list: LLM_TYPE_20B, the patch's 22B, upstream's 27B, 30B). The order
+           is a choice, so the caller reports it for review.
   already  the lines the patch inserts are in the target's side of the block already: the
            target's side stands.
   deleted  one side only deletes lines at the very start or the very end of the region,
@@ -35,6 +38,7 @@ Every other conflict stays a conflict: structure (portkit.drift) or a human deci
 
 from __future__ import annotations
 
+import itertools
 import re
 import tempfile
 from collections.abc import Sequence
@@ -111,21 +115,40 @@ def _within(needle: Sequence[bytes], hay: Sequence[bytes]) -> bool:
     return any(list(hay[i:i + n]) == list(needle) for i in range(len(hay) - n + 1))
 
 
-def _settle_block(ours: list[bytes], base: list[bytes],
-                  theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
-    """One conflict block resolved when the text orders it, else None."""
+def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
+                  around: tuple[list[bytes], list[bytes]] = ([], [])
+                  ) -> tuple[list[bytes], Settled] | None:
+    """One conflict block resolved when the text orders it, else None. `around`: the
+    lines just before and just after the block."""
     mine = _insertion(base, theirs)  # the series (theirs) only inserts
     upstream = _insertion(base, ours)  # the target (ours) only inserts
     if mine is not None and _within(theirs[mine:mine + len(theirs) - len(base)], ours):
         return ours, ALREADY  # what the patch inserts is there: nothing to order
     if not base and mine is not None and upstream is not None:
-        return theirs + ours, SAME_POINT
+        before, after = around
+        if _in_order(before + theirs + ours + after) and \
+                not _in_order(before + ours + theirs + after):
+            return theirs + ours, SAME_POINT  # the patch's first keeps a sorted run sorted
+        return ours + theirs, SAME_POINT
     if mine is not None and upstream is None:
         return _beside(theirs, mine, len(base), ours)
     if upstream is not None and mine is None:
         return _beside(ours, upstream, len(base), theirs)
     return (_deleted_beside(ours, base, theirs) or _apart(ours, base, theirs)
             or _by_words(ours, base, theirs))
+
+
+_NUMBER = re.compile(rb"(\d+)")
+AROUND = 2  # lines on each side of a same-point block that its order is read against
+
+
+def _in_order(lines: Sequence[bytes]) -> bool:
+    """Whether the lines (blank ones aside, at least four) are in natural order, numbers
+    by value: a sorted run, as of enumerators or table rows."""
+    keys = [[(0, int(p), b"") if k % 2 else (1, 0, p)
+             for k, p in enumerate(_NUMBER.split(line.strip()))]
+            for line in lines if line.strip()]
+    return len(keys) >= 4 and all(a <= b for a, b in itertools.pairwise(keys))
 
 
 def _end_deletion(base: Sequence[bytes], side: Sequence[bytes]) -> tuple[int, bool] | None:
@@ -253,7 +276,8 @@ def settle(merged: bytes) -> Merged:
             break
         b, s, t = marks
         ours, base, theirs = lines[i + 1:b], lines[b + 1:s], lines[s + 1:t]
-        done = _settle_block(ours, base, theirs)
+        follows = _unmarked(lines[t + 1:t + 1 + AROUND])
+        done = _settle_block(ours, base, theirs, (out[-AROUND:], follows))
         if done is None:
             out += lines[i:t + 1]
             left += 1
@@ -262,6 +286,14 @@ def settle(merged: bytes) -> Merged:
             settled.append(done[1])
         i = t + 1
     return Merged(b"".join(out), left, tuple(settled))
+
+
+def _unmarked(lines: list[bytes]) -> list[bytes]:
+    """The lines up to the first of another conflict block."""
+    for k, line in enumerate(lines):
+        if line.rstrip(b"\r\n") == _OURS:
+            return lines[:k]
+    return lines
 
 
 def _block(lines: list[bytes], start: int) -> tuple[int, int, int] | None:

@@ -502,8 +502,9 @@ class _Carrier:
                                 "place(s) git's merge stops at is in the target already")
                 if same:
                     review.append(f"{home}: upstream inserted lines where this patch inserts "
-                                  f"its own ({same}x): the patch's lines were put first, "
-                                  "right after the line they follow")
+                                  f"its own ({same}x): the patch's lines were put after "
+                                  "upstream's (before them only where that keeps a sorted "
+                                  "list in order)")
                 if beside:
                     review.append(f"{home}: git's merge stops at {beside} insertion(s) right "
                                   "next to lines upstream rewrote: each was kept on its side "
