@@ -1116,3 +1116,87 @@ def test_structure_for_the_rest_writes_the_targets_names_only_in_the_patchs_own_
     assert row.status == rb.NEEDS_REVIEW, row.reason
     assert done.carried["src/tool.cpp"] == told.replace("    int c = 3;\n", (
         "    int c = 3;\n    int k = sizeof(llm_graph_input_attn_kv);\n")).encode(), row.reason
+
+
+GRAPH_H = """\
+struct graph {
+    int build_attn(int inp, float * wo, float * q, float * k, float * kq_b, float scale,
+                   int il);
+};
+"""
+MODEL_CPP = """\
+#include "graph.h"
+
+struct build_a : graph {
+    int run(float * wo, float * q, float * k, int il) {
+        return build_attn(0, wo,
+                q, k, nullptr, 0.5f, il);
+    }
+};
+
+struct build_b : graph {
+    int run(float * wo, float * q, float * k, int il) {
+        return build_attn(1, wo,
+                q, k, nullptr, 1.0f, il);
+    }
+};
+
+struct build_c : graph {
+    int run(float * wo, float * q, float * k, float * b, int il) {
+        return build_attn(2, wo,
+                q, k, b, 0.25f, il);
+    }
+};
+"""
+SOLAR = """
+struct build_solar : graph {
+    int run(float * wo, float * q, float * k, int il) {
+        return build_attn(3, wo,
+                q, k, nullptr, 0.125f, il);
+    }
+};
+"""
+
+
+def test_a_call_upstream_changed_the_parameters_of_is_adapted_as_upstream_adapted_its_own(
+        tmp_path):
+    """Upstream gave build_attn a parameter after kq_b (sinks) and passes nullptr there at
+    each of its calls: the patch's call, which would not compile, gets the same nullptr, and
+    the patch is for review, saying so."""
+    sinks_h = GRAPH_H.replace("float * kq_b, ", "float * kq_b, float * sinks, ")
+    sinks_cpp = MODEL_CPP.replace("q, k, nullptr,", "q, k, nullptr, nullptr,").replace(
+        "q, k, b,", "q, k, b, nullptr,")
+    end = "    }\n};\n"
+    base, target, folder = project(
+        tmp_path, {"src/graph.h": GRAPH_H, "src/llama.cpp": MODEL_CPP},
+        {"src/graph.h": sinks_h, "src/llama.cpp": sinks_cpp},
+        [("add solar", {"src/llama.cpp": (MODEL_CPP[-len(end) - 60:],
+                                          MODEL_CPP[-len(end) - 60:] + SOLAR)})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    row = done.report.patches[0]
+    assert row.status == rb.NEEDS_REVIEW
+    assert "1 call(s) in src/llama.cpp adapted as upstream adapted 3 of its own (`nullptr` " \
+        "inserted after argument 5)" in row.reason
+    got = git_apply(read(target, ["src/llama.cpp"]), done.series.patches, tmp_path / "apply")
+    assert got["src/llama.cpp"] == (sinks_cpp + SOLAR.replace(
+        "q, k, nullptr,", "q, k, nullptr, nullptr,")).encode()
+
+
+def test_a_call_upstreams_own_calls_do_not_agree_on_is_left_as_it_was_for_review(tmp_path):
+    sinks_h = GRAPH_H.replace("float * kq_b, ", "float * kq_b, float * sinks, ")
+    sinks_cpp = MODEL_CPP.replace("0, wo,\n                q, k, nullptr,",
+                                  "0, wo,\n                q, k, nullptr, s0,").replace(
+        "1, wo,\n                q, k, nullptr,", "1, wo,\n                q, k, nullptr, s1,"
+    ).replace("q, k, b,", "q, k, b, s2,")
+    end = "    }\n};\n"
+    base, target, folder = project(
+        tmp_path, {"src/graph.h": GRAPH_H, "src/llama.cpp": MODEL_CPP},
+        {"src/graph.h": sinks_h, "src/llama.cpp": sinks_cpp},
+        [("add solar", {"src/llama.cpp": (MODEL_CPP[-len(end) - 60:],
+                                          MODEL_CPP[-len(end) - 60:] + SOLAR)})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    row = done.report.patches[0]
+    assert row.status == rb.NEEDS_REVIEW and "adapted" not in row.reason
+    assert "it calls build_attn with 7 argument(s)" in row.reason
+    got = git_apply(read(target, ["src/llama.cpp"]), done.series.patches, tmp_path / "apply")
+    assert got["src/llama.cpp"] == (sinks_cpp + SOLAR).encode()

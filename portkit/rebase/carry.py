@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from portkit.anchors import aliases_of
 from portkit.cache import lay_down, read_entry
 from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
+from portkit.follow.calls import Edit, adapt, calls_of, learn
 from portkit.follow.counts import only_raises, recount
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
@@ -33,7 +34,7 @@ from portkit.follow.text import (
     merge3,
 )
 from portkit.hunks import ALREADY, apply_hunks
-from portkit.index import flat
+from portkit.index import DECLARATION, FUNCTION, Index, flat, param_arity
 from portkit.proc import git
 from portkit.rebase.report import (
     DROPPED,
@@ -247,7 +248,8 @@ class _Carrier:
                 return there
         if isinstance(text, _Outcome):
             text = self._in_target_names(patch, text, before_work)
-            text = self._semantic(patch, text)  # on the files as they were before it
+            # on the files as they were before it
+            text = self._semantic(patch, text, before_work, before_base)
             for rel, data in text.after.items():
                 self.work.put(rel, data, text.modes.get(rel))
             return self._after_left_out(patch, text)
@@ -387,23 +389,66 @@ class _Carrier:
                 for name in identifiers(line for h in patch.hunks for line in h.added)
                 if name in self.left_out]
 
-    def _semantic(self, patch: Patch, outcome: _Outcome) -> _Outcome:
+    def _semantic(self, patch: Patch, outcome: _Outcome,
+                  ours: dict[str, bytes | None] | None = None,
+                  base: dict[str, bytes | None] | None = None) -> _Outcome:
         """A patch text carried whose added lines use a symbol that changed upstream (drift's
-        semantic check, symbols resolved without doubt): for a reviewer."""
+        semantic check, symbols resolved without doubt): for a reviewer. A call that no
+        longer fits a function whose parameters upstream changed is adapted as upstream
+        adapted its own calls in that file (`ours`, the target's files, against `base`),
+        where they agree (portkit.follow.calls), and said so."""
         if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW) or not outcome.after:
             return outcome
         written = self._new_lines(outcome.after)
         review = []
+        after = dict(outcome.after)
         for change in self.lead.semantic(patch):
             if change.change == "renamed" and not re.search(rf"\b{change.symbol}\b", written):
                 continue
-            review.append(f"it uses {change.symbol}: {change.detail}")
+            how = self._adapt_calls(change, after, ours, base) if ours is not None and \
+                base is not None else None
+            review.append(f"it uses {change.symbol}: {how + '; ' if how else ''}"
+                          f"{change.detail}")
+        outcome = replace(outcome, after=after)
         review += self._uses_left_out(patch)
         if not review:
             return outcome
         return replace(outcome, status=NEEDS_REVIEW,
                        reason="; ".join([*review, outcome.reason]))
 
+
+    def _adapt_calls(self, change: dm.SemanticChange, after: dict[str, bytes | None],
+                     ours: dict[str, bytes | None], base: dict[str, bytes | None]
+                     ) -> str | None:
+        """The calls of `change.symbol` (a function whose parameters upstream changed) in
+        the carried files `after` adapted in place as upstream adapted its own in each file;
+        what was done, or None."""
+        if change.change != "signature" or not change.detail.startswith("it calls "):
+            return None
+        word = change.symbol
+
+        def fits(index: Index) -> Callable[[int], bool]:
+            arities = [param_arity(s.param_list or "()") for s in index.find(word)
+                       if s.kind in (FUNCTION, DECLARATION)]
+            return lambda n: any(lo <= n and (hi is None or n <= hi) for lo, hi in arities)
+
+        now, then = fits(self.lead.target.index), fits(self.lead.base.index)
+        said = []
+        for rel, data in after.items():
+            old, new = base.get(rel), ours.get(rel)
+            if data is None or old is None or new is None:
+                continue
+            for arity in sorted({len(c.args) for c in calls_of(data, word)
+                                 if not now(len(c.args)) and then(len(c.args))}):
+                learned = learn(old, new, word, arity, now)
+                if learned is None:
+                    continue
+                data, done = adapt(data, word, arity, learned[0], now)
+                if done:
+                    after[rel] = data
+                    said.append(f"{done} call(s) in {rel} adapted as upstream adapted "
+                                f"{learned[1]} of its own ({_said_edit(learned[0])})")
+        return "; ".join(said) or None
 
     def _after_left_out(self, patch: Patch, outcome: _Outcome) -> _Outcome:
         """A patch carried onto a file that an earlier patch, left out, also changes: its
@@ -853,6 +898,14 @@ class _Carrier:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _said_edit(edit: Edit) -> str:
+    """An argument-list edit in words: `gf` dropped, `nullptr` inserted after argument 8."""
+    return ", ".join(f"`{old}` dropped" if op == "delete" else
+                     (f"`{new}` inserted after argument {i}" if i else f"`{new}` inserted first")
+                     if op == "insert" else
+                     f"`{old}` made `{new}`" for op, i, old, new in edit)
 
 
 def _upstream_made(f: FileDiff, ours: dict[str, bytes | None], base: dict[str, bytes | None]
