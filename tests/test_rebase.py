@@ -1200,3 +1200,32 @@ def test_a_call_upstreams_own_calls_do_not_agree_on_is_left_as_it_was_for_review
     assert "it calls build_attn with 7 argument(s)" in row.reason
     got = git_apply(read(target, ["src/llama.cpp"]), done.series.patches, tmp_path / "apply")
     assert got["src/llama.cpp"] == (sinks_cpp + SOLAR).encode()
+
+
+def test_a_row_added_to_a_table_upstream_respaced_takes_upstreams_columns(tmp_path):
+    """Upstream added a longer name to a table and respaced every row into wider columns.
+    The patch's row, written in the old columns, applies as text; it is carried in the new
+    columns, as a maintainer realigns it, and for review (git am -3 writes the old ones).
+    A row added to a table upstream left alone is carried as it is."""
+    def rows(*entries: tuple[str, str], width: int) -> str:
+        return "".join(f"    {{ {name + ',':<{width}} {text:<{width - 2}} }},\n"
+                       for name, text in entries)
+    names = [("KV_NAME", '"%s.name"'), ("KV_SCALE", '"%s.scale"')]
+    head, tail = "static const map KV_NAMES = {\n", "};\n"
+    old = head + rows(*names, width=12) + tail
+    new = head + rows(*names, ("KV_LONGER_NAME_MLA", '"%s.mla"'), width=22) + tail
+    mine = rows(("KV_SKIP", '"%s.skip"'), width=12)
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/arch.cpp": old, "src/keep.cpp": old},
+        {**BASE, "src/arch.cpp": new, "src/keep.cpp": old},
+        [("arch: skip", {"src/arch.cpp": (tail, mine + tail)}),
+         ("keep: skip", {"src/keep.cpp": (tail, mine + tail)})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    first, second = done.report.patches
+    assert first.status == rb.NEEDS_REVIEW, first.reason
+    assert "src/arch.cpp: 1 line(s) it adds realigned to the columns upstream gave" \
+        in first.reason
+    assert done.carried["src/arch.cpp"] == new.replace(
+        tail, rows(("KV_SKIP", '"%s.skip"'), width=22) + tail).encode()
+    assert second.status == rb.UNCHANGED, second.reason
+    assert done.carried["src/keep.cpp"] == (old.replace(tail, mine + tail)).encode()

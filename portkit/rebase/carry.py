@@ -20,6 +20,7 @@ from portkit.cache import lay_down, read_entry
 from portkit.drift import model as dm
 from portkit.follow import FUZZ_LIMIT, Follow, identifiers
 from portkit.follow.calls import Edit, adapt, calls_of, learn
+from portkit.follow.columns import realign
 from portkit.follow.counts import only_raises, recount
 from portkit.follow.renames import Files
 from portkit.follow.text import ALREADY as THERE_ALREADY
@@ -226,6 +227,7 @@ class _Carrier:
         self.work.load(patch.paths)
         self.base.load(patch.paths)
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
+        self._before_base = before_base
         self.base_modes = {rel: self.base.mode(rel) for rel in patch.paths}
         # The base takes the whole series as it is: git apply, as it was written there.
         theirs: dict[str, bytes | None] | None = None
@@ -248,6 +250,7 @@ class _Carrier:
                 return there
         if isinstance(text, _Outcome):
             text = self._in_target_names(patch, text, before_work)
+            text = self._realigned(patch, text, before_work, before_base)
             # on the files as they were before it
             text = self._semantic(patch, text, before_work, before_base)
             for rel, data in text.after.items():
@@ -288,13 +291,18 @@ class _Carrier:
             text = replace(text, clean={rel: d for rel, d in text.clean.items()
                                         if rel not in upstream and rel in later})
             if text.clean:
+                part = self._realigned(patch, _Outcome(MERGED, "", dict(text.clean)),
+                                       before_work, before_base)
+                text = replace(text, clean=part.after)
                 for rel, data in text.clean.items():
                     self.work.put(rel, data, text.modes.get(rel))
                 kept = ", ".join(sorted(text.clean))
                 outcome = replace(outcome, after=dict(text.clean), modes=dict(text.modes),
-                                  reason=(
-                    f"carried in part (only {kept}); left for a human: {outcome.reason}"))
+                                  reason="; ".join(filter(None, (
+                    f"carried in part (only {kept}); left for a human: {outcome.reason}",
+                    part.reason))))
             return outcome
+        outcome = self._realigned(patch, outcome, before_work, before_base)
         for rel, data in outcome.after.items():
             self.work.put(rel, data)
         return self._after_left_out(patch, outcome)
@@ -309,8 +317,9 @@ class _Carrier:
             *text.review, f"text carries {kept}, not {', '.join(text.failed)} ({text.why})",
             f"{how}{rest.reason}"]), {**text.clean, **rest.after},
             modes={**text.modes, **rest.modes}, doubt=(*text.doubt, *rest.after))
-        outcome = self._in_target_names(patch, outcome,
-                                        {rel: self.work.get(rel) for rel in outcome.after})
+        ours = {rel: self.work.get(rel) for rel in outcome.after}
+        outcome = self._in_target_names(patch, outcome, ours)
+        outcome = self._realigned(patch, outcome, ours, self._before_base)
         outcome = self._semantic(patch, outcome)
         for rel, data in outcome.after.items():
             self.work.put(rel, data, outcome.modes.get(rel))
@@ -356,6 +365,30 @@ class _Carrier:
         return replace(outcome, status=NEEDS_REVIEW, after=after, reason=(
             f"written with the target's names ({said}: renames upstream made); "
             f"{outcome.reason}"))
+
+    def _realigned(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
+                   base: dict[str, bytes | None]) -> _Outcome:
+        """What was carried, with the lines the patch adds beside lines upstream realigned
+        (a table or declarations respaced into wider columns) realigned the same way
+        (portkit.follow.columns). Not what `git am -3` writes, so for review, saying so."""
+        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW, RELOCATED) \
+                or not outcome.after:
+            return outcome
+        after = dict(outcome.after)
+        said = []
+        for f in patch.files:
+            data, old, new = after.get(f.path), base.get(f.path), ours.get(f.path)
+            if data is None or old is None or new is None:
+                continue
+            after[f.path], count = realign(new, old, data,
+                                           (line for h in f.hunks for line in h.added))
+            if count:
+                said.append(f"{f.path}: {count} line(s) it adds realigned to the columns "
+                            "upstream gave the lines beside them")
+        if not said:
+            return outcome
+        return replace(outcome, status=NEEDS_REVIEW, after=after,
+                       reason="; ".join([*said, outcome.reason]))
 
     def _there_already(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
                        base: dict[str, bytes | None]) -> _Outcome:
