@@ -4,7 +4,8 @@ Text first, structure only where text fails (mergiraf's order):
 
   text       the line merge: git merge-file, and the conflicts whose order the text gives
              (portkit.follow.text); GNU patch's placement of each hunk, in series order
-             (sequence);
+             (sequence); the patch's lines in the columns upstream respaced the lines
+             beside them into (columns);
   sides      the base and the target as the engine reads them (sides), their words
              (words), and where a file went by git's rename rule (renames);
   target     a hunk that text does not place, followed into the target: located, relocated
