@@ -37,6 +37,7 @@ from portkit.transaction import TreeFiles, Write
 from portkit.tree import detect, fetch
 
 from .conftest import commit_all, tree_bytes
+from .test_follow_translate import BASE_FN, TARGET_FN
 from .test_series import OLLAMA_OPTIONS, GitRepo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -905,12 +906,15 @@ STEPS = ("int f(int x) {\n    int alpha = x + 1;\n    int beta = alpha * 2;\n"
 
 
 def test_a_patch_on_the_file_where_a_hunk_left_for_a_human_belongs_is_for_review(tmp_path):
-    """Upstream moved f's code out of a.cpp into steps.cpp (renamed, a line changed): patch
-    1's hunk on it needs a human, and its nearest match is in steps.cpp. Patch 2 changes
+    """Upstream moved f's code out of a.cpp into steps.cpp (renamed, a line changed, one put
+    in among the lines the hunk keeps, so that they are not there one for one): patch 1's
+    hunk on it needs a human, and its nearest match is in steps.cpp. Patch 2 changes
     steps.cpp and applies: it is carried, for review, since the change a human is to make
     there comes before it. A patch on a file no such hunk belongs in is not told so."""
     moved = STEPS.replace("int f(int x)", "int steps_run(int x)").replace(
-        "gamma = beta - 3", "gamma = beta - 5") + "\nint tail(void) {\n    return 0;\n}\n"
+        "gamma = beta - 3", "gamma = beta - 5").replace(
+        "    int alpha = x + 1;\n", "    int alpha = x + 1;\n    trace(alpha);\n") + \
+        "\nint tail(void) {\n    return 0;\n}\n"
     other = "int other(void) {\n    return 1;\n}\n"
     base, target, folder = project(
         tmp_path, {**BASE, "src/a.cpp": STEPS + "\n" + other, "src/other.cpp": other,
@@ -1229,3 +1233,26 @@ def test_a_row_added_to_a_table_upstream_respaced_takes_upstreams_columns(tmp_pa
         tail, rows(("KV_SKIP", '"%s.skip"'), width=22) + tail).encode()
     assert second.status == rb.UNCHANGED, second.reason
     assert done.carried["src/keep.cpp"] == (old.replace(tail, mine + tail)).encode()
+
+
+def test_a_hunk_whose_function_upstream_moved_and_reworded_is_written_in_its_words(tmp_path):
+    """Upstream made load_vocab a member of vocab::impl, in vocab.cpp, its `m.vocab.` fields
+    the member's own. The patch's hunk matches nowhere as text; its lines are there one for
+    one in upstream's words: it is written there with upstream's rewording, for review."""
+    model = "#include \"model.h\"\n\nint model_size() {\n    return 1;\n}\n\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/model.cpp": model + BASE_FN},
+        {**BASE, "src/model.cpp": model, "src/vocab.cpp": TARGET_FN},
+        [("vocab: warn", {"src/model.cpp": (
+            '            throw std::runtime_error("unknown pre-tokenizer");\n',
+            '            LOG_WARN("unknown pre-tokenizer, using default");\n'
+            "            m.vocab.type_pre = PRE_DEFAULT;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (only,) = done.report.patches
+    assert only.status == rb.NEEDS_REVIEW, only.reason
+    assert "in upstream's words: written there as upstream rewrote them " \
+        "(m.vocab.type_pre -> pre_type)" in only.reason
+    assert done.carried["src/vocab.cpp"] == TARGET_FN.replace(
+        '            throw std::runtime_error("unknown pre-tokenizer");\n',
+        '            LOG_WARN("unknown pre-tokenizer, using default");\n'
+        "            pre_type = PRE_DEFAULT;\n").encode()

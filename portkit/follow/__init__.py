@@ -9,7 +9,8 @@ Text first, structure only where text fails (mergiraf's order):
   sides      the base and the target as the engine reads them (sides), their words
              (words), and where a file went by git's rename rule (renames);
   target     a hunk that text does not place, followed into the target: located, relocated
-             in the target's names (relocate), found there already by one of the ordered
+             in the target's names (relocate), written where upstream moved and renamed
+             its code, in upstream's words (translate), found there already by one of the ordered
              presence rules (presence), or its nearest match (where its lines went: in its
              function, its file, the file its code or its file went to); semantic drift
              (target);

@@ -34,6 +34,7 @@ from portkit.follow.text import (
     merge,
     merge3,
 )
+from portkit.follow.translate import translate
 from portkit.hunks import ALREADY, apply_hunks
 from portkit.index import DECLARATION, FUNCTION, Index, flat, param_arity
 from portkit.proc import git
@@ -841,10 +842,32 @@ class _Carrier:
                           concern)
         data = self._apply(f, [hunk], self.work.root, fuzz=FUZZ_LIMIT) \
             if d.status == dm.FUZZ else None
+        if data is None and d.status == dm.CONFLICT:
+            worded = self._translated(hunk, d)
+            if worded is not None:
+                return worded
         if data is None:
             return f"{_where(d)}: {d.reason}"
         return _Piece(UNCHANGED, f.path, data, "", f"{_where(d)} lands only with fuzz "
                       f"{d.fuzz} and no 3-way merge is clean")
+
+    def _translated(self, hunk: Hunk, d: dm.HunkDrift) -> _Piece | None:
+        """A hunk drift left in conflict, written where its nearest match is when that is
+        its kept and deleted lines in upstream's words (portkit.follow.translate), for
+        review: the place and the rewording are learned, not given."""
+        if d.nearest is None:
+            return None
+        self.work.load([d.nearest.file])
+        data = self.work.get(d.nearest.file)
+        done = translate(hunk, data, d.nearest.line) if data is not None else None
+        if done is None:
+            return None
+        words = ", ".join(f"{a} -> {b or '(nothing)'}" for a, b in done.rewordings)
+        return _Piece(RELOCATED, d.nearest.file, done.data,
+                      f"{_where(d)}: written at {d.nearest.file}:{done.line}",
+                      f"{_where(d)}: {d.reason}; its lines are at {d.nearest.file}:"
+                      f"{done.line} in upstream's words: written there"
+                      + (f" as upstream rewrote them ({words})" if words else ""))
 
     def _apply(self, f: FileDiff, hunks: Sequence[Hunk], root: Path, fuzz: int) -> bytes | None:
         """The file `f` under `root` with `hunks` applied by the engine, or None."""
