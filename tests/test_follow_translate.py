@@ -101,3 +101,45 @@ def test_nothing_where_a_kept_line_has_no_counterpart():
     inside = TARGET_FN.replace("        } else {\n", "        } else if (pre.empty()) {\n"
                                "            pre_type = PRE_DEFAULT;\n        } else {\n")
     assert translate(hunk(), inside.encode(), 8) is None
+
+
+BLOCK = """if (ALL_VARIANTS)
+    add_variant(skylakex     SSE42 AVX F16C AVX2 BMI2 FMA AVX512)
+    add_variant(alderlake    SSE42 AVX F16C AVX2 BMI2 FMA AVX_VNNI)
+    if (NOT MSVC)
+        add_variant(sapphirerapids SSE42 AVX F16C AVX2 AMX_TILE AMX_INT8)
+    endif()
+elseif (CPU)
+    add_variant_impl("")
+endif()
+"""
+DROP_AMX = b"""--- a/CMakeLists.txt
++++ b/CMakeLists.txt
+@@ -2,8 +2,5 @@ if (ALL_VARIANTS)
+     add_variant(skylakex     SSE42 AVX F16C AVX2 BMI2 FMA AVX512)
+     add_variant(alderlake    SSE42 AVX F16C AVX2 BMI2 FMA AVX_VNNI)
+-    if (NOT MSVC)
+-        add_variant(sapphirerapids SSE42 AVX F16C AVX2 AMX_TILE AMX_INT8)
+-    endif()
+ elseif (CPU)
+     add_variant_impl("")
+ endif()
+"""
+# upstream: the block one level deeper, and what follows it rewritten
+NESTED = ("if (X86)\n" + "".join("    " + x + "\n" for x in BLOCK.splitlines()[:6])
+          + "    elseif (ARCH STREQUAL \"ARM\")\n        add_arm()\n    endif()\nendif()\n")
+
+
+def test_a_deletion_goes_where_its_lines_are_as_they_were_without_the_context_upstream_rewrote():
+    done = translate(hunk(DROP_AMX), NESTED.encode(), 2)
+    assert done is not None and done.left_out == 3
+    assert done.data.decode() == NESTED.replace(
+        "        if (NOT MSVC)\n"
+        "            add_variant(sapphirerapids SSE42 AVX F16C AVX2 AMX_TILE AMX_INT8)\n"
+        "        endif()\n", "")
+
+
+def test_a_deletion_without_its_context_needs_its_lines_only_once_in_the_file():
+    far = "".join(f"set(V{i} {i})\n" for i in range(100))  # the other copy out of reach
+    twice = NESTED + far + NESTED.replace("X86", "X64")
+    assert translate(hunk(DROP_AMX), twice.encode(), 2) is None

@@ -21,7 +21,7 @@ file does not have (a rewording not learned). Otherwise it is None, and a human 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from difflib import SequenceMatcher
 
 from portkit.index import flat
@@ -43,6 +43,7 @@ class Translated:
     data: bytes
     line: int
     rewordings: tuple[tuple[str, str], ...]
+    left_out: int = 0  # context lines at its edges left out (upstream rewrote them)
 
 
 def _marked(hunk: Hunk) -> list[tuple[str, str]] | None:
@@ -132,38 +133,83 @@ def _reword(line: str, rewordings: dict[tuple[str, ...], str]) -> tuple[str, set
     return "".join(out), used
 
 
+def _trimmed(marked: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The hunk's lines, then (where it deletes lines) with fewer and fewer of its context
+    lines at the edges: upstream may have rewritten the lines around a deletion."""
+    lead = next(i for i, (m, _) in enumerate(marked) if m != " ")
+    tail = next(i for i, (m, _) in enumerate(reversed(marked)) if m != " ")
+    if not any(m == "-" for m, _ in marked):
+        return [marked]
+    return [marked[a:len(marked) - (total - a)] for total in range(lead + tail + 1)
+            for a in range(max(total - tail, 0), min(lead, total) + 1)]
+
+
+def _deleted_there(marked: list[tuple[str, str]], pairs: list[tuple[str, str]],
+                   text: list[str]) -> bool:
+    """Whether the lines the hunk deletes say by themselves where it goes: two or more that
+    say something, each there as it was (layout aside), and as a run only once in the
+    file (`text`, flattened)."""
+    gone = [o for (m, _), (o, _) in zip((x for x in marked if x[0] != "+"), pairs,
+                                        strict=True) if m == "-"]
+    if sum(len(flat(g)) >= SHORT for g in gone) < 2 or any(
+            flat(o) != flat(n) for (m, _), (o, n) in zip(
+                (x for x in marked if x[0] != "+"), pairs, strict=True) if m == "-"):
+        return False
+    want = [flat(g) for g in gone]
+    return sum(text[i:i + len(want)] == want for i in range(len(text) - len(want) + 1)) == 1
+
+
 def translate(hunk: Hunk, data: bytes, near: int) -> Translated | None:
     """The hunk written into `data` (a target file) at the one run of lines near line `near`
     (1-based) that is the hunk's kept and deleted lines in upstream's words; None unless
-    that run is sure and every word the hunk's lines need is learned."""
+    that run is sure and every word the hunk's lines need is learned. Where the hunk
+    deletes lines, its context at the edges may be left out (fewest first), when the lines
+    it deletes are there as they were and only there."""
     marked = _marked(hunk)
     if not marked or not any(m != " " for m, _ in marked):
-        return None
-    old = [text for mark, text in marked if mark != "+"]
-    if not any(flat(x) for x in old):
         return None
     text = data.decode("utf-8", errors="surrogateescape")
     lines = text.splitlines(keepends=True)
     bodies = [x.rstrip("\r\n") for x in lines]
-    lo, hi = max(near - 1 - REACH, 0), min(near - 1 + REACH, len(lines) - len(old) + 1)
-    runs = [s for s in range(lo, max(hi, lo))
-            if all(_alike(o, bodies[s + k]) for k, o in enumerate(old))]
-    if len(runs) != 1:
-        return None
-    start = runs[0]
-    pairs = [(o, bodies[start + k]) for k, o in enumerate(old)]
+    flats: list[str] | None = None
+    for part in _trimmed(marked):
+        old = [t for mark, t in part if mark != "+"]
+        if not any(flat(x) for x in old):
+            return None
+        lo, hi = max(near - 1 - REACH, 0), min(near - 1 + REACH, len(lines) - len(old) + 1)
+        runs = [s for s in range(lo, max(hi, lo))
+                if all(_alike(o, bodies[s + k]) for k, o in enumerate(old))]
+        if len(runs) > 1:
+            return None
+        if not runs:
+            continue
+        pairs = [(o, bodies[runs[0] + k]) for k, o in enumerate(old)]
+        rewordings = _rewordings(pairs)
+        if rewordings is None:
+            return None
+        renames = [key for key, new in rewordings.items()
+                   if _IDENT.search(new) and any(_IDENT.fullmatch(t) for t in key)]
+        if any(_still_there(key, text) for key in renames):
+            return None  # a "rename" that is none: the pairs are two different lines
+        if flats is None:
+            flats = [flat(x) for x in bodies]
+        if (not renames or len(part) < len(marked)) and not _deleted_there(part, pairs, flats):
+            return None  # nothing says the code is this (context left out: only the deletion)
+        done = _written(part, lines, runs[0], pairs, rewordings, text)
+        return replace(done, left_out=len(marked) - len(part)) if done is not None else None
+    return None
+
+
+def _written(marked: list[tuple[str, str]], lines: list[str], start: int,
+             pairs: list[tuple[str, str]], rewordings: dict[tuple[str, ...], str],
+             text: str) -> Translated | None:
+    """The hunk's lines `marked` written over the run at `start` of `lines` (the pairs: each
+    old line and its counterpart) with `rewordings`; None where that cannot be sure."""
     shifts = {_indent(n) - _indent(o) for o, n in pairs if o.strip() and n.strip()}
     if len(shifts) != 1 or any("\t" in o[:_indent(o) + 1] or "\t" in n[:_indent(n) + 1]
                                for o, n in pairs):
         return None
     shift = shifts.pop()
-    rewordings = _rewordings(pairs)
-    if rewordings is None:
-        return None
-    renames = [key for key, new in rewordings.items()
-               if _IDENT.search(new) and any(_IDENT.fullmatch(t) for t in key)]
-    if not renames or any(_still_there(key, text) for key in renames):
-        return None  # no rename (nothing says the code is this), or one that is no rename
     keys = sorted(rewordings, key=len, reverse=True)
     here = set(_IDENT.findall(text))
     olds = {w for o, _ in pairs for w in _IDENT.findall(o)}

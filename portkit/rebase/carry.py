@@ -867,7 +867,9 @@ class _Carrier:
                       f"{_where(d)}: written at {d.nearest.file}:{done.line}",
                       f"{_where(d)}: {d.reason}; its lines are at {d.nearest.file}:"
                       f"{done.line} in upstream's words: written there"
-                      + (f" as upstream rewrote them ({words})" if words else ""))
+                      + (f" as upstream rewrote them ({words})" if words else "")
+                      + (f", without {done.left_out} line(s) of its context upstream rewrote"
+                         if done.left_out else ""))
 
     def _apply(self, f: FileDiff, hunks: Sequence[Hunk], root: Path, fuzz: int) -> bytes | None:
         """The file `f` under `root` with `hunks` applied by the engine, or None."""
