@@ -8,8 +8,10 @@ from portkit.follow.text import (
     ALREADY,
     APART,
     BESIDE,
+    COUNT,
     DELETED,
     EDITED,
+    LAYOUT,
     SAME_POINT,
     WORDS,
     _apart,
@@ -224,3 +226,76 @@ def test_words_is_not_two_changes_of_one_word():
     theirs = CHARSMAP.replace(b"gguf_get_arr_n(", b"gguf_get_arr_data_n(")
     done = merge(ours, CHARSMAP, theirs)
     assert done.conflicts == 1 and not done.settled
+
+
+NAMES = (b"UPSCALE", b"PAD", b"PAD_REFLECT", b"ARANGE", b"ARGSORT", b"TOPK")
+
+
+def _table(width: int, names=NAMES) -> bytes:
+    """Kernel rows, their second column padded to `width` (upstream widens it for a longer
+    name)."""
+    return b"".join(b"    ADD_KERNEL(KERNEL_%s,%s%s, true);\n" % (n, b" " * (width - len(n)),
+                                                               n.lower()) for n in names)
+
+
+TABLE = _table(12)
+
+
+def test_layout_a_row_the_patch_inserts_in_a_table_upstream_respaced_is_merged_blanks_aside():
+    """Upstream widened the table's columns (every row re-spaced) and added a row at its end;
+    the patch inserts a row in the middle: git stops, the blanks-blind merge does not."""
+    ours = _table(16, (*NAMES, b"LONG_NAME_F32"))
+    theirs = _table(12, (*NAMES[:3], b"UNPAD", *NAMES[3:]))
+    assert merge3(ours, TABLE, theirs)[1] == 1
+    done = merge(ours, TABLE, theirs)
+    assert done.conflicts == 0 and done.settled == (LAYOUT,)
+    rows = done.data.splitlines(keepends=True)
+    kept = ours.splitlines(keepends=True)
+    # upstream's rows as upstream spaced them, the patch's own as the patch wrote it
+    assert rows == kept[:3] + [b"    ADD_KERNEL(KERNEL_UNPAD,       unpad, true);\n"] + kept[3:]
+
+
+def test_layout_is_not_upstream_rewriting_the_row_the_patch_changes():
+    """Upstream re-spaced the table and renamed the name the patch renames: a conflict."""
+    ours = _table(16).replace(b"pad_reflect,", b"pad_reflect_1d,")
+    theirs = TABLE.replace(b"pad_reflect,", b"pad_mirror,")
+    done = merge(ours, TABLE, theirs)
+    assert done.conflicts == 1 and LAYOUT not in done.settled
+
+
+def test_layout_needs_upstream_to_have_respaced_lines():
+    """No line of upstream's side is a base line re-spaced: blanks are not what stopped git,
+    and the block stays a conflict (for structure, or a human)."""
+    base = lines(1, 2, 3, 4, 5, 6)
+    ours = lines(1, 2, b"three\n", b"four\n", 5, 6)
+    theirs = lines(1, 2, 3, b"added\n", 4, 5, 6)
+    done = merge(ours, base, theirs)
+    assert done.conflicts == 1 and not done.settled
+
+
+ASSERT = b'static_assert(GGML_OP_COUNT == %d, "GGML_OP_COUNT != %d");\n'
+
+
+def _ops(count: int, *names: bytes) -> bytes:
+    return b"".join(b'    "%s",\n' % n for n in names) + b"};\n\n" + ASSERT % (count, count) \
+        + b"\nstatic const int after = 1;\n"
+
+
+def test_count_the_patch_raises_where_upstream_lowered_it_is_upstreams_raised():
+    """Upstream removed two operators (83 -> 81); the patch adds one (83 -> 84): the tree
+    with both has 82, and the assertion says so."""
+    base = _ops(83, b"PAD", b"ARANGE", b"OLD_A", b"OLD_B")
+    ours = _ops(81, b"PAD", b"ARANGE")
+    theirs = _ops(84, b"PAD", b"ARANGE", b"OLD_A", b"OLD_B", b"UNPAD")
+    done = merge(ours, base, theirs)
+    assert done.conflicts == 0 and COUNT in done.settled
+    assert ASSERT % (82, 82) in done.data and b"UNPAD" in done.data
+
+
+def test_count_is_not_a_line_the_patch_changes_otherwise():
+    """The patch lowers the count (an operator removed): no raise to carry, a conflict."""
+    base = _ops(83, b"PAD", b"ARANGE", b"OLD_A", b"OLD_B")
+    ours = _ops(81, b"PAD", b"ARANGE", b"OLD_A", b"OLD_B")
+    theirs = _ops(82, b"PAD", b"ARANGE", b"OLD_A")
+    done = merge(ours, base, theirs)
+    assert COUNT not in done.settled

@@ -21,7 +21,8 @@ from portkit.rebase import report as rr
                 "present-upstream"]),
     (rr.Verdict, ["unchanged", "merged", "relocated", "dropped", "needs-human",
                   "needs-review"]),
-    (Settled, ["beside", "same-point", "already", "deleted", "edited", "apart", "words"]),
+    (Settled, ["beside", "same-point", "already", "deleted", "edited", "apart", "words",
+               "layout", "count"]),
 ])
 def test_each_vocabulary_is_one_type_in_its_documented_order(kind, values):
     assert [member.value for member in kind] == values

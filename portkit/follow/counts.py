@@ -7,6 +7,10 @@ line the patch changes only by raising its numbers (each by the same k) is an as
 and the target has the patch's new line while the base had the old one, the line is the
 target's count raised by k - unless the target has the rest of what the patch adds to that
 file too (upstream took the patch's own operator, and the count is right as it is).
+
+When upstream changed the count to another number (it removed operators, or added two), git's
+merge stops at the line: `raised_block` settles it as the target's count raised by the
+patch's k.
 """
 
 from __future__ import annotations
@@ -82,3 +86,29 @@ def _raise_changed(old: str, new: str, k: int) -> str:
     olds = iter(_NUMBER.findall(old))
     return _NUMBER.sub(lambda m: str(int(m.group()) + k) if m.group() != next(olds)
                        else m.group(), new)
+
+
+def raised_block(ours: Sequence[bytes], base: Sequence[bytes],
+                 theirs: Sequence[bytes]) -> list[bytes] | None:
+    """A block git's merge stops at where the patch only raises counts its lines assert
+    (each by the same k, `_raised`) and upstream changed those numbers otherwise: the
+    target's lines with the same numbers raised by k; None for any other block."""
+    if not base or not len(ours) == len(base) == len(theirs):
+        return None
+    out: list[bytes] = []
+    raised = False
+    for o, b, t in zip(ours, base, theirs, strict=True):
+        if b == t:
+            out.append(o)
+            continue
+        old, new, now = (x.decode("utf-8", "surrogateescape") for x in (b, t, o))
+        k = _raised(old, new)
+        if k is None or _shape(now) != _shape(old):
+            return None
+        moved = [x != y for x, y in zip(_NUMBER.findall(old), _NUMBER.findall(new),
+                                         strict=True)]
+        marks = iter(moved)
+        out.append(_NUMBER.sub(lambda m: str(int(m.group()) + k) if next(marks)
+                               else m.group(), now).encode("utf-8", "surrogateescape"))
+        raised = True
+    return out if raised else None

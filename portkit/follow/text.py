@@ -32,6 +32,14 @@ only those blocks where the order is given by the text itself:
   words    both sides changed the same lines, but not the same words of them (a name the
            patch renames in a line upstream reindented or extended): git's merge of the
            block's words, one word to a line. Reported for review.
+  layout   upstream re-spaced lines of the block (columns widened, a list re-indented)
+           and the patch changed others: git's merge of the block with blanks ignored, as
+           `git merge -Xignore-all-space` makes it. Upstream's lines stay as upstream spaced
+           them; the patch's own lines come as the patch wrote them (portkit.follow.columns
+           then gives them upstream's columns). Reported for review.
+  count    the patch raises a count its line asserts (GGML_OP_COUNT == 83 -> 84) and
+           upstream changed that count too (to 81): the target's count raised as the patch
+           raises it (82), portkit.follow.counts. Reported for review.
 
 Every other conflict stays a conflict: structure (portkit.drift) or a human decides it.
 """
@@ -48,6 +56,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from portkit.errors import ToolFailed
+from portkit.follow.counts import raised_block
 from portkit.proc import git
 
 LABELS = ("target", "base", "series")
@@ -64,9 +73,11 @@ class Settled(StrEnum):
     EDITED = "edited"
     APART = "apart"
     WORDS = "words"
+    LAYOUT = "layout"
+    COUNT = "count"
 
 
-BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, APART, WORDS = Settled
+BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, APART, WORDS, LAYOUT, COUNT = Settled
 ALIKE_LINE = 0.8  # how alike a line upstream edited is to the one a patch deletes
 
 
@@ -120,6 +131,9 @@ def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
                   ) -> tuple[list[bytes], Settled] | None:
     """One conflict block resolved when the text orders it, else None. `around`: the
     lines just before and just after the block."""
+    counted = raised_block(ours, base, theirs)
+    if counted is not None:
+        return counted, COUNT
     mine = _insertion(base, theirs)  # the series (theirs) only inserts
     upstream = _insertion(base, ours)  # the target (ours) only inserts
     if mine is not None and _within(theirs[mine:mine + len(theirs) - len(base)], ours):
@@ -131,11 +145,11 @@ def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
             return theirs + ours, SAME_POINT  # the patch's first keeps a sorted run sorted
         return ours + theirs, SAME_POINT
     if mine is not None and upstream is None:
-        return _beside(theirs, mine, len(base), ours)
+        return _beside(theirs, mine, len(base), ours) or _by_layout(ours, base, theirs)
     if upstream is not None and mine is None:
-        return _beside(ours, upstream, len(base), theirs)
+        return _beside(ours, upstream, len(base), theirs) or _by_layout(ours, base, theirs)
     return (_deleted_beside(ours, base, theirs) or _apart(ours, base, theirs)
-            or _by_words(ours, base, theirs))
+            or _by_words(ours, base, theirs) or _by_layout(ours, base, theirs))
 
 
 _NUMBER = re.compile(rb"(\d+)")
@@ -237,6 +251,44 @@ def _by_words(ours: list[bytes], base: list[bytes],
         return None
     merged = b"".join(bytes.fromhex(w.decode()) for w in data.splitlines() if w)
     return merged.splitlines(keepends=True), WORDS
+
+
+_BLANKS = re.compile(rb"\s+")
+
+
+def _by_layout(ours: list[bytes], base: list[bytes],
+               theirs: list[bytes]) -> tuple[list[bytes], Settled] | None:
+    """The block merged with blanks ignored: git's merge of its lines with every run of
+    blanks taken out, when that is clean and upstream's side differs from the base in
+    layout somewhere (else blanks are not what stopped git). Each line of the result is
+    upstream's where upstream's side has it, else the patch's own line."""
+    def bare(block: list[bytes]) -> list[bytes]:
+        return [_BLANKS.sub(b"", line) + b"\n" for line in block]
+
+    o, b, t = bare(ours), bare(base), bare(theirs)
+    kept, was = set(base), set(b)
+    if not any(line not in kept and key in was and key.strip()
+               for line, key in zip(ours, o, strict=True)):
+        return None  # upstream re-spaced none of the base's lines
+    data, conflicts = merge3(b"".join(o), b"".join(b), b"".join(t))
+    if conflicts:
+        return None
+    merged = data.splitlines(keepends=True)
+    mine = [theirs[j] for op, _, _, j1, j2 in SequenceMatcher(
+        None, b, t, autojunk=False).get_opcodes() if op != "equal" for j in range(j1, j2)]
+    out: list[bytes] = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(None, o, merged, autojunk=False).get_opcodes():
+        if op == "equal":
+            out += ours[i1:i2]
+            continue
+        for line in merged[j1:j2]:  # not upstream's: the patch's own, in its order
+            k = next((k for k, m in enumerate(mine) if _BLANKS.sub(b"", m) + b"\n" == line),
+                     None)
+            if k is None:
+                return None
+            out.append(mine[k])
+            del mine[:k + 1]
+    return out, LAYOUT
 
 
 def _alike(a: bytes, b: bytes) -> bool:

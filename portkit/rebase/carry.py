@@ -27,8 +27,10 @@ from portkit.follow.text import ALREADY as THERE_ALREADY
 from portkit.follow.text import (
     APART,
     BESIDE,
+    COUNT,
     DELETED,
     EDITED,
+    LAYOUT,
     SAME_POINT,
     WORDS,
     merge,
@@ -602,6 +604,15 @@ class _Carrier:
                 if edited:
                     review.append(f"{home}: upstream edited the lines this patch deletes "
                                   f"({edited}x): they were deleted as upstream has them")
+                if COUNT in merged.settled:
+                    review.append(f"{home}: upstream changed the count this patch raises "
+                                  f"({merged.settled.count(COUNT)}x): the target's count "
+                                  "raised as the patch raises it")
+                if LAYOUT in merged.settled:
+                    review.append(f"{home}: upstream re-spaced lines around the ones this "
+                                  f"patch changes ({merged.settled.count(LAYOUT)}x): merged "
+                                  "with blanks ignored (git merge -Xignore-all-space), "
+                                  "upstream's lines as upstream spaced them")
             if result != o or (result is not None and mode != ours_modes.get(home)):
                 after[home] = result
                 modes[home] = mode
