@@ -520,6 +520,60 @@ def test_a_hunk_whose_file_is_gone_lands_where_its_lines_went(tmp_path, moved, l
         assert hunk.nearest is not None and hunk.nearest.file == "src/a.cpp"
 
 
+OPS = """\
+static void compute_pad(int * dst) {
+    dst[0] = 1;
+    dst[1] = 2;
+}
+
+// compute_arange
+
+static void compute_arange(int * dst) {
+    dst[0] = 3;
+    dst[1] = 4;
+}
+"""
+
+DISPATCH = """\
+void compute(int op, int * dst) {
+    switch (op) {
+        case 0: compute_pad(dst); break;
+        case 1: compute_arange(dst); break;
+    }
+}
+"""
+
+
+def _with_unpad(text: str) -> str:
+    return text.replace("// compute_arange\n", "static void compute_unpad(int * dst) {\n"
+                        "    dst[0] = 0;\n}\n\n// compute_arange\n")
+
+
+@pytest.mark.parametrize(("moved", "lands"), [
+    # upstream moved both definitions, side by side, to ops.cpp (and made them extern)
+    ({"src/ops.cpp": OPS.replace("static void", "void")}, True),
+    # they went to two files: nothing says where the new one goes
+    ({"src/ops.cpp": OPS.split("// compute_arange")[0],
+      "src/more.cpp": "// compute_arange" + OPS.split("// compute_arange")[1]}, False),
+])
+def test_a_hunk_between_definitions_upstream_moved_goes_where_they_went(tmp_path, moved,
+                                                                         lands):
+    """The patch adds a function between compute_pad and compute_arange of cpu.c; upstream
+    moved both to ops.cpp (cpu.c keeps its dispatch): the hunk lands between them there,
+    relocated, for review; where the two went to different files it stays a conflict."""
+    old = DISPATCH + "\n" + OPS
+    t = _run(tmp_path, {"src/cpu.c": old}, {"src/cpu.c": DISPATCH, **moved},
+             [[_diff("src/cpu.c", old, _with_unpad(old))]])
+    (hunk,) = t.patches[0].hunks
+    if lands:
+        assert hunk.status == dm.RELOCATED, hunk.reason
+        assert hunk.moved_to is not None and hunk.moved_to.file == "src/ops.cpp"
+        assert "compute_pad and compute_arange" in hunk.reason
+    else:
+        assert hunk.status == dm.CONFLICT, hunk.reason
+        assert hunk.moved_to is None
+
+
 def test_a_file_renamed_is_followed_by_gits_rename_rule(tmp_path):
     """examples/llava/clip.cpp became tools/mtmd/clip.cpp (outside what drift indexes, so no
     symbol votes for it): git's rename rule (the same name, at least half alike) finds it,

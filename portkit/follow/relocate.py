@@ -61,7 +61,11 @@ def place_insertion(old_lines: list[str], at: int, target: list[str],
     for i in range(lo, hi):
         if len(flat_target[i]) < _MEANINGFUL:
             continue
-        score = SequenceMatcher(None, above[-1], flat_target[i]).ratio()
+        alike = SequenceMatcher(None, above[-1], flat_target[i])
+        # the cheap upper bounds first: most lines are nowhere near alike
+        if alike.real_quick_ratio() < PLACE_SIMILARITY or alike.quick_ratio() < PLACE_SIMILARITY:
+            continue
+        score = alike.ratio()
         if score < PLACE_SIMILARITY:
             continue
         rest = [x for x in flat_target[i + 1:min(i + 4, hi)] if len(x) >= _MEANINGFUL]

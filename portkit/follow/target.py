@@ -283,6 +283,11 @@ class _Target:
         """Where the hunk's old side is in the base file (0-based), or where it says."""
         key = (hunk.path, hunk.patch_index, hunk.old_start, hunk.text)
         if key not in self.starts:
+            exact = None if _at_end(hunk) else _exact_block(self.base.lines(hunk.path) or [],
+                                                            hunk.old_lines, hunk.old_start - 1)
+            if exact is not None:  # its lines as they are: no layout-blind search
+                self.starts[key] = exact
+                return exact
             hay = self.base.flat_lines(hunk.path)
             if _at_end(hunk):  # a hunk that ends its file is where the base's file ends
                 at = len(hay) - len(hunk.old_lines)
@@ -374,6 +379,10 @@ class _Target:
                                  patch_line)
             why = why_not or (f"context changed ({reason})" if reason else "context changed")
             near = self.nearest(hunk, hunk.path, None)
+            if near is None and base_sym is None:
+                gone = self.between_moved(hunk, patch_line)
+                if gone is not None:
+                    return gone
             if near is None and why_not:  # its symbol left the file: where did its lines go?
                 near = self.nearest_anywhere(hunk)
             if near is None and _at_end(hunk):
@@ -417,6 +426,38 @@ class _Target:
             near = self.after_neighbour(hunk)
         return HunkDrift(hunk.path, hunk.old_start, CONFLICT, why, patch_line, symbol=name,
                          nearest=near)
+
+    def between_moved(self, hunk: Hunk, patch_line: int) -> HunkDrift | None:
+        """A hunk between two definitions whose lines its file has lost, where upstream moved
+        those definitions: both (or the one the base has) found, sure, in one other file and
+        still side by side there; the hunk lands between them as GNU patch places it, for
+        review (in another file, its linkage and declarations may have to follow)."""
+        above, below = self.neighbours(hunk)
+        around = [s for s in (above, below) if s is not None]
+        found = [self.located(s)[0] for s in around]
+        if not found or any(c is None for c in found):
+            return None
+        moved = [c.symbol for c in found if c is not None]
+        rel = moved[0].file
+        if rel == hunk.path or any(m.file != rel for m in moved):
+            return None
+        if len(moved) == 2 and not moved[0].end_line < moved[1].start_line <= \
+                moved[0].end_line + _NEAR:
+            return None  # not side by side any more: nothing says where between them
+        now = self._line_now
+        lo, hi = now(rel, moved[0].start_line), now(rel, moved[-1].end_line)
+        at = now(rel, moved[0].end_line) - _changed_offset(hunk) + 1
+        landed = self._trial(hunk, rel, max(at, 1), {}, (lo - 3, hi + 3))
+        if landed is None:
+            return None
+        line, offset, fuzz = landed
+        names = " and ".join(s.qualname for s in around)
+        return HunkDrift(
+            hunk.path, hunk.old_start, RELOCATED,
+            f"the definitions around it ({names}) are in {rel} now, where it lands between "
+            "them (in another file: what it defines may need the linkage and declarations "
+            "upstream gave them)", patch_line, offset, fuzz, None,
+            Moved(rel, line, moved[0].qualname, "structure"))
 
     def after_neighbour(self, hunk: Hunk) -> Nearest | None:
         """For a hunk between definitions that no lines place: the end of the definition it
@@ -1061,6 +1102,20 @@ def _added_runs(hunk: Hunk) -> list[str]:
             runs[-1].append(line[1:])
         after_added = added
     return ["".join(run) for run in runs]
+
+
+def _exact_block(hay: list[str], needle: tuple[str, ...], near: int) -> int | None:
+    """The 0-based start of `needle` in `hay`, byte for byte, the match nearest `near`."""
+    if not needle:
+        return None
+    best, at, n = None, -1, len(needle)
+    while True:
+        try:
+            at = hay.index(needle[0], at + 1)
+        except ValueError:
+            return best
+        if tuple(hay[at:at + n]) == needle and (best is None or abs(at - near) < abs(best - near)):
+            best = at
 
 
 def _clustered(voters: dict[int, set[int]]) -> Counter[int]:
