@@ -26,7 +26,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache, cached_property, lru_cache
 from operator import attrgetter
 from pathlib import Path
@@ -37,7 +37,7 @@ from tree_sitter import Language, Node, Parser, Point, Range, Tree
 from portkit.cache import cache_dir
 from portkit.errors import TreeError
 
-INDEX_FORMAT = 6
+INDEX_FORMAT = 7
 
 CLASS = "class"
 FUNCTION = "function"
@@ -65,6 +65,7 @@ _DECLARATOR_WRAPPERS = {
 }
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|->|::|<<=|>>=|[-+*/%&|^!=<>]=|&&|\|\||<<|>>|\S")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+IDENT = re.compile(r"[A-Za-z_]\w*")  # a name (or keyword) as the follow engine reads words
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>\s*)?\(")
 _NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype",
               "catch", "static_assert", "defined"}
@@ -124,6 +125,12 @@ class FileIndex:
     sha256: str
     symbols: list[Symbol]
     errors: list[int]  # first lines of ERROR nodes, for the report
+    words: frozenset[str] | None = None  # the names the file uses (IDENT), when known
+
+
+def words_of(src: bytes) -> frozenset[str]:
+    """The names a file's bytes use: what "is this name new in the file?" reads."""
+    return frozenset(IDENT.findall(src.decode("utf-8", errors="replace")))
 
 
 def normalise(text: str) -> list[str]:
@@ -596,15 +603,17 @@ def index_file(rel: str, src: bytes, parses: ParseCache | None = None) -> FileIn
             data = marshal.loads(entry.read_bytes())
             symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
                        for row in data["symbols"]]
-            return FileIndex(rel, sha, symbols, data["errors"])
+            return FileIndex(rel, sha, symbols, data["errors"], frozenset(data["words"]))
         except (EOFError, ValueError, TypeError, KeyError):
             pass  # a damaged entry (a full disk, a killed run): index the file again
     result = parse_source(src, rel, sha, parses)
     rows = [_ROW(sym) for sym in result.symbols]
     tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
-    tmp.write_bytes(marshal.dumps({"symbols": rows, "errors": result.errors}))
+    words = words_of(src)
+    tmp.write_bytes(marshal.dumps({"symbols": rows, "errors": result.errors,
+                                   "words": sorted(words)}))
     tmp.replace(entry)
-    return result
+    return replace(result, words=words)
 
 
 def source_files(root: Path, patterns: Iterable[str]) -> list[str]:

@@ -160,6 +160,27 @@ def test_damaged_cache_entry_is_indexed_again(tmp_path, monkeypatch):
     assert len(marshal.loads(entry.read_bytes())["symbols"]) == len(first)  # whole again
 
 
+def test_the_names_a_file_uses_come_from_the_cache_as_they_were_read(tmp_path, monkeypatch):
+    """The follow engine asks of every indexed file which names it uses: the cached entry
+    keeps them (no reading of the text again), the same as reading the file gives; an
+    entry without them (hostile, or damaged) is indexed again."""
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "t").mkdir()
+    text = "struct s { int n; };\n// a_comment_word\nint f(s x) { return x.n; }\n"
+    (tmp_path / "t" / "a.cpp").write_text(text)
+    cold = Index.build(tmp_path / "t", ["*.cpp"]).files["a.cpp"].words
+    assert cold == index_mod.words_of(text.encode())
+    assert {"struct", "s", "n", "a_comment_word", "f", "x", "return"} <= cold
+    warm = Index.build(tmp_path / "t", ["*.cpp"]).files["a.cpp"].words
+    assert warm == cold
+    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    data = marshal.loads(entry.read_bytes())
+    del data["words"]
+    entry.write_bytes(marshal.dumps(data))
+    assert Index.build(tmp_path / "t", ["*.cpp"]).files["a.cpp"].words == cold
+    assert "words" in marshal.loads(entry.read_bytes())  # whole again
+
+
 @pytest.mark.parametrize("version", ["0.3.16", "0.3.36"])
 def test_real_tree_bodies_are_sliced_exactly(registry_tree, version):
     root = registry_tree(version) / "vendor" / "llama.cpp"

@@ -24,6 +24,7 @@ from portkit.hunks import (
 from portkit.index import (
     Index,
     flat,
+    words_of,
 )
 from portkit.render import upstream_patches
 from portkit.series import Series
@@ -79,6 +80,9 @@ class Side:
         """The names used in one file (as `words`, without reading every file)."""
         if "words" in self.__dict__:
             return self.words.get(rel, frozenset())
+        known = self.index.files.get(rel) if "index" in self.__dict__ else None
+        if known is not None and known.words is not None and not (self.root / rel).is_symlink():
+            return known.words
         if rel not in self._file_words:
             text = self.text(rel)
             self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
@@ -94,8 +98,8 @@ class Side:
     @cached_property
     def words(self) -> dict[str, frozenset[str]]:
         """The names used in each indexed file (for "is this name new?")."""
-        return {rel: frozenset(_IDENT.findall(self.index.source(rel).decode(
-                    "utf-8", errors="replace"))) for rel in self.index.files}
+        return {rel: f.words if f.words is not None else words_of(self.index.source(rel))
+                for rel, f in self.index.files.items()}
 
     @cached_property
     def all_words(self) -> frozenset[str]:

@@ -305,7 +305,7 @@ class _Target:
         if hunk.path not in self.base.index.files:
             return None
         first = self.base_start(hunk) + _changed_offset(hunk)
-        last = max(len(self.base.flat_lines(hunk.path)), 1)
+        last = max(len(self.base.lines(hunk.path) or ()), 1)
         if first >= last:  # past the base's end (lines earlier patches added): no symbol
             return None
         sym = self.base.index.enclosing(hunk.path, min(first + 1, last))
@@ -1105,9 +1105,12 @@ def _added_runs(hunk: Hunk) -> list[str]:
 
 
 def _exact_block(hay: list[str], needle: tuple[str, ...], near: int) -> int | None:
-    """The 0-based start of `needle` in `hay`, byte for byte, the match nearest `near`."""
+    """The 0-based start of `needle` (lines with their ends) in `hay` (lines without),
+    character for character, the match nearest `near`."""
     if not needle:
         return None
+    needle = tuple(x[:-2] if x.endswith("\r\n") else x[:-1] if x.endswith("\n") else x
+                   for x in needle)
     best, at, n = None, -1, len(needle)
     while True:
         try:

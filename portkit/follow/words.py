@@ -10,11 +10,10 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from portkit.anchors import akin
+from portkit.index import IDENT as _IDENT
 from portkit.index import (
     flat,
 )
-
-_IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
 _KEYWORDS = frozenset({
