@@ -107,8 +107,12 @@ def raised_block(ours: Sequence[bytes], base: Sequence[bytes],
             return None
         moved = [x != y for x, y in zip(_NUMBER.findall(old), _NUMBER.findall(new),
                                          strict=True)]
-        marks = iter(moved)
-        out.append(_NUMBER.sub(lambda m: str(int(m.group()) + k) if next(marks)
-                               else m.group(), now).encode("utf-8", "surrogateescape"))
+        out.append(_raise_at(now, moved, k).encode("utf-8", "surrogateescape"))
         raised = True
     return out if raised else None
+
+
+def _raise_at(line: str, moved: list[bool], k: int) -> str:
+    """`line` with its n-th number raised by k wherever `moved[n]`."""
+    marks = iter(moved)
+    return _NUMBER.sub(lambda m: str(int(m.group()) + k) if next(marks) else m.group(), line)

@@ -10,11 +10,9 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from portkit.anchors import akin
-from portkit.index import IDENT as _IDENT
-from portkit.index import (
-    flat,
-)
+from portkit.index import IDENT, flat
 
+_IDENT = IDENT  # a name, as the follow engine reads words (one rule, in portkit.index)
 
 _KEYWORDS = frozenset({
     "alignas", "alignof", "auto", "bool", "break", "case", "catch", "char", "class", "const",
