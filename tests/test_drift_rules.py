@@ -492,6 +492,12 @@ SPLIT = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n"
                 for i in range(12))
 
 
+def _relocated_to(hunk: dm.HunkDrift, rel: str, says: str) -> None:
+    assert hunk.status == dm.RELOCATED, hunk.reason
+    assert hunk.moved_to is not None and hunk.moved_to.file == rel
+    assert says in hunk.reason
+
+
 @pytest.mark.parametrize(("moved", "lands"), [
     # the lines went to a.cpp with a line of the context rewritten: fuzz takes it there
     (STEPS.replace("int f(int x)", "static int f(int x, int y)"), True),
@@ -512,9 +518,7 @@ def test_a_hunk_whose_file_is_gone_lands_where_its_lines_went(tmp_path, moved, l
              [[_diff("src/a.m", old, new)]])
     (hunk,) = t.patches[0].hunks
     if lands:
-        assert hunk.status == dm.RELOCATED, hunk.reason
-        assert hunk.moved_to is not None and hunk.moved_to.file == "src/a.cpp"
-        assert "its lines are at src/a.cpp:" in hunk.reason
+        _relocated_to(hunk, "src/a.cpp", "its lines are at src/a.cpp:")
     else:
         assert hunk.status == dm.CONFLICT, hunk.reason
         assert hunk.nearest is not None and hunk.nearest.file == "src/a.cpp"
@@ -566,9 +570,7 @@ def test_a_hunk_between_definitions_upstream_moved_goes_where_they_went(tmp_path
              [[_diff("src/cpu.c", old, _with_unpad(old))]])
     (hunk,) = t.patches[0].hunks
     if lands:
-        assert hunk.status == dm.RELOCATED, hunk.reason
-        assert hunk.moved_to is not None and hunk.moved_to.file == "src/ops.cpp"
-        assert "compute_pad and compute_arange" in hunk.reason
+        _relocated_to(hunk, "src/ops.cpp", "compute_pad and compute_arange")
     else:
         assert hunk.status == dm.CONFLICT, hunk.reason
         assert hunk.moved_to is None

@@ -80,10 +80,12 @@ class Side:
         """The names used in one file (as `words`, without reading every file)."""
         if "words" in self.__dict__:
             return self.words.get(rel, frozenset())
-        known = self.index.files.get(rel) if "index" in self.__dict__ else None
-        if known is not None and known.words is not None and not (self.root / rel).is_symlink():
-            return known.words
         if rel not in self._file_words:
+            known = self.index.files.get(rel) if "index" in self.__dict__ else None
+            if known is not None and known.words is not None \
+                    and not (self.root / rel).is_symlink():  # the index read the file itself
+                self._file_words[rel] = known.words
+                return known.words
             text = self.text(rel)
             self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
         return self._file_words[rel]

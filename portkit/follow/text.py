@@ -274,19 +274,18 @@ def _by_layout(ours: list[bytes], base: list[bytes],
     if conflicts:
         return None
     merged = data.splitlines(keepends=True)
-    mine = [theirs[j] for op, _, _, j1, j2 in SequenceMatcher(
-        None, b, t, autojunk=False).get_opcodes() if op != "equal" for j in range(j1, j2)]
+    mine = [j for op, _, _, j1, j2 in SequenceMatcher(None, b, t, autojunk=False).get_opcodes()
+            if op != "equal" for j in range(j1, j2)]  # the patch's own lines, in its order
     out: list[bytes] = []
     for op, i1, i2, j1, j2 in SequenceMatcher(None, o, merged, autojunk=False).get_opcodes():
         if op == "equal":
             out += ours[i1:i2]
             continue
-        for line in merged[j1:j2]:  # not upstream's: the patch's own, in its order
-            k = next((k for k, m in enumerate(mine) if _BLANKS.sub(b"", m) + b"\n" == line),
-                     None)
+        for line in merged[j1:j2]:  # not upstream's: the patch's own, as the patch wrote it
+            k = next((k for k, j in enumerate(mine) if t[j] == line), None)
             if k is None:
                 return None
-            out.append(mine[k])
+            out.append(theirs[mine[k]])
             del mine[:k + 1]
     return out, LAYOUT
 
