@@ -151,6 +151,22 @@ def flat(text: str) -> str:
     return "".join(text.split())
 
 
+# What str.split() splits on, bar the newline that `flat_all` joins lines with.
+_BLANKS = str.maketrans("", "", "".join(c for c in map(chr, range(0x3001))
+                                         if c.isspace() and c != "\n"))
+
+
+def flat_all(lines: list[str]) -> list[str]:
+    """`flat` of each of `lines` (lines of `str.splitlines`, so none holds a line break),
+    in bulk: one pass over the joined text, `flat` itself only for a line with a "/" (a
+    comment is cut line by line)."""
+    out = "\n".join(lines).translate(_BLANKS).split("\n") if lines else []
+    for i, line in enumerate(lines):
+        if "/" in line:
+            out[i] = flat(line)
+    return out
+
+
 def fingerprint(text: str) -> str:
     """A hash of `text` that ignores comments and layout."""
     return hashlib.sha1(flat(text).encode()).hexdigest()[:16]

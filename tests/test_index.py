@@ -23,6 +23,8 @@ from portkit.index import (
     Index,
     ParseCache,
     calls,
+    flat,
+    flat_all,
     param_arity,
     parse_source,
 )
@@ -521,3 +523,12 @@ def test_calls_are_free_or_qualified_names_with_their_argument_count():
             "ctx->run(1, 2);\nggml::init();\ncb(x, \"a, b\");\n")
     assert sorted(calls(code)) == sorted([("build_attn", 7), ("f", 2), ("sqrtf", 1),
                                           ("ggml::init", 0), ("cb", 2)])
+
+
+def test_flat_all_flattens_each_line_as_flat_does():
+    text = ("int  x = 1; // one\n\tfoo( a,\u00a0b );\n/* a */ y /* b */ = 2;\n/* open\n"
+            "  still */ z;\n\u3000w\u2003v\x1c\n\n   \n#define A(x)  (x)\n")
+    lines = text.splitlines()
+    assert flat_all(lines) == [flat(line) for line in lines]
+    assert flat_all(lines)[:3] == ["intx=1;", "foo(a,b);", "y=2;"]
+    assert flat_all([]) == []

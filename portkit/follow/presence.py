@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from portkit.follow.words import _IDENT, _defines, _meaningful, identifiers
-from portkit.index import flat, uncommented
+from portkit.index import uncommented
 from portkit.series import Hunk
 
 if TYPE_CHECKING:
@@ -28,11 +28,13 @@ class Place:
     rel: str
     span: tuple[int, int] | None
     lines: list[str]
-    flats: list[str] | None = None  # `lines` flattened, when the caller has them
 
     @cached_property
     def flat_lines(self) -> list[str]:
-        return self.flats if self.flats is not None else [flat(line) for line in self.lines]
+        """`lines` flattened (read when a rule needs them: the target flattens a whole file
+        once, and a rule that rules itself out on names never needs them)."""
+        flats = self.target.target.flat_lines(self.rel)
+        return flats[max(self.span[0] - 1, 0):self.span[1]] if self.span else flats
 
     @cached_property
     def here(self) -> set[str]:

@@ -23,7 +23,7 @@ from portkit.hunks import (
 )
 from portkit.index import (
     Index,
-    flat,
+    flat_all,
     words_of,
 )
 from portkit.render import upstream_patches
@@ -49,7 +49,7 @@ class Side:
     pin: str | None = None
     _flat: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _lines: dict[str, list[str] | None] = field(default_factory=dict, repr=False)
-    _tokens: dict[str, list[list[str]]] = field(default_factory=dict, repr=False)
+    _tokens: dict[str, dict[int, list[str]]] = field(default_factory=dict, repr=False)
     _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -73,7 +73,7 @@ class Side:
     def flat_lines(self, rel: str) -> list[str]:
         """The file's lines without layout and comments (cached: many hunks search one)."""
         if rel not in self._flat:
-            self._flat[rel] = [flat(x) for x in self.lines(rel) or ()]
+            self._flat[rel] = flat_all(self.lines(rel) or [])
         return self._flat[rel]
 
     def file_words(self, rel: str) -> frozenset[str]:
@@ -90,12 +90,13 @@ class Side:
             self._file_words[rel] = frozenset(_IDENT.findall(text)) if text else frozenset()
         return self._file_words[rel]
 
-    def token_lines(self, rel: str) -> list[list[str]]:
-        """The file's lines as tokens (cached, like flat_lines)."""
-        if rel not in self._tokens:
-            text = self.text(rel)
-            self._tokens[rel] = [_tokens(x) for x in text.splitlines()] if text else []
-        return self._tokens[rel]
+    def tokens_at(self, rel: str, at: int) -> list[str]:
+        """The tokens of the file's line `at` (0-based; cached line by line: a search reads
+        only the lines a cheaper test let through)."""
+        known = self._tokens.setdefault(rel, {})
+        if at not in known:
+            known[at] = _tokens((self.lines(rel) or [])[at])
+        return known[at]
 
     @cached_property
     def words(self) -> dict[str, frozenset[str]]:

@@ -94,6 +94,7 @@ from portkit.index import (
     Symbol,
     calls,
     flat,
+    flat_all,
     param_arity,
 )
 from portkit.series import Hunk, Patch, Series
@@ -665,11 +666,9 @@ class _Target:
         lines = self.target.lines(rel)
         if lines is None:
             return None
-        flats = self.target.flat_lines(rel)
         if span is not None:
-            lo, hi = max(span[0] - 1, 0), span[1]
-            lines, flats = lines[lo:hi], flats[lo:hi]
-        return Place(self, hunk, rel, span, lines, flats)
+            lines = lines[max(span[0] - 1, 0):span[1]]
+        return Place(self, hunk, rel, span, lines)
 
     def present_renamed(self, hunk: Hunk, rel: str, span: tuple[int, int] | None,
                         removed: list[str]) -> str:
@@ -692,17 +691,27 @@ class _Target:
         lo, hi = 0, None
         if span is not None and all(line[:1] in (" ", "\t") for line in defining):
             lo, hi = max(span[0] - 1, 0), span[1]
-        theirs = self.target.token_lines(rel)[lo:hi]
         ours = [_tokens(line) for line in hunk.added if len(flat(line)) >= _MEANINGFUL]
+        if any(_IDENT.fullmatch(t) and t not in here and t not in wild
+               for line in ours for t in line):
+            return ""  # a name of its own that the file lacks: no line can match it
+        raw = (self.target.lines(rel) or [])[lo:hi]
+        # A line can match only where its first name of its own is (tokens are read only
+        # for the lines that have it).
+        keys = [next((t for t in line if _IDENT.fullmatch(t) and t not in wild), "")
+                for line in ours]
         reach = len(hunk.added) + _NEAR
 
         def match(i: int, after: int, mapping: dict[str, str]) -> tuple[dict[str, str],
                                                                         list[int]] | None:
             if i == len(ours):
                 return mapping, []
-            stop = len(theirs) if i == 0 else min(len(theirs), after + 1 + reach)
+            stop = len(raw) if i == 0 else min(len(raw), after + 1 + reach)
             for j in range(after + 1, stop):
-                extended = _unify(ours[i], theirs[j], wild, new_here, mapping)
+                if keys[i] not in raw[j]:
+                    continue
+                extended = _unify(ours[i], self.target.tokens_at(rel, lo + j), wild,
+                                  new_here, mapping)
                 if extended is not None:
                     rest = match(i + 1, j, extended)
                     if rest is not None:
@@ -834,7 +843,7 @@ class _Target:
             if data is None:
                 return None
             lines = data.decode("utf-8", errors="surrogateescape").splitlines()
-            kept = self._now[rel] = (carried, lines, [flat(x) for x in lines])
+            kept = self._now[rel] = (carried, lines, flat_all(lines))
         return kept[1], kept[2]
 
     def _flat_set(self, rel: str) -> frozenset[str] | None:
