@@ -24,7 +24,7 @@ from portkit.follow.presence import (
     removed_lines_gone,
     there_under_upstreams_names,
 )
-from portkit.follow.target import _Target
+from portkit.follow.target import _run_heads, _Target
 from portkit.follow.words import _akin
 from portkit.series import read_series
 from portkit.tree import detect
@@ -486,6 +486,33 @@ def test_a_hunk_whose_function_left_the_file_is_placed_in_the_file_its_lines_wen
     assert hunk.status == dm.CONFLICT and "f is not in the target" in hunk.reason
     assert hunk.nearest is not None and hunk.nearest.file == "src/steps.cpp"
     assert hunk.nearest.line == 1
+
+
+
+def test_a_gone_function_is_looked_for_in_the_file_with_most_of_its_lines_first_listed_on_a_tie(
+        tmp_path):
+    """f left a.cpp (renamed, context changed): of the files that have its lines, the one with
+    the most of them is the nearest match; of two with as many, the first listed (one whose
+    names are all there but not its lines, x_other.cpp, is no match)."""
+    moved = STEPS.replace("int f(int x)", "int steps_run(int x)").replace(
+        "gamma = beta - 3", "gamma = beta - 5")
+    half = moved.replace("int delta = gamma + 4;", "int delta = gamma + 7;").replace(
+        "return delta;", "return delta + 0;")
+    names_only = "int g(int x) { int alpha = x; int beta = alpha; int gamma = beta;\n" \
+        "int delta = gamma; return delta * 2; }\n"
+    rest = "int other() {\n    return 0;\n}\n"
+    target = {"src/a.cpp": rest, "src/b_half.cpp": half, "src/c_steps.cpp": moved,
+              "src/d_steps.cpp": moved, "src/x_other.cpp": names_only}
+    t = _run(tmp_path, {"src/a.cpp": STEPS + "\n" + rest}, target,
+             [[_diff("src/a.cpp", STEPS, _inserted(STEPS))]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.nearest is not None and hunk.nearest.file == "src/c_steps.cpp", hunk.nearest
+
+
+def test_run_heads_are_the_names_a_flattened_run_may_begin_with():
+    assert _run_heads("intx=f(a_b,2);") == [("intx", "int", "in", "i"), ("f", ),
+                                             ("a_b", "a_", "a")]
+    assert _run_heads("0x1f+9;") == []
 
 
 SPLIT = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n"

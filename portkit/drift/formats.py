@@ -19,12 +19,12 @@ import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
 import click
 
+from portkit import __version__
 from portkit.drift.model import (
     ALREADY_APPLIED,
     CLEAN,
@@ -425,7 +425,7 @@ def sarif(report: DriftReport) -> str:
                     {"target": t.target, "pin": t.pin, "patch": p.file, "symbol": s.symbol,
                      "change": s.change}))
     log = {"$schema": SARIF_SCHEMA, "version": "2.1.0",
-           "runs": [{"tool": {"driver": {"name": "portkit", "version": version("portkit"),
+           "runs": [{"tool": {"driver": {"name": "portkit", "version": __version__,
                                          "rules": rules}},
                      "results": results,
                      "properties": {"series": report.series,

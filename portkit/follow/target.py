@@ -822,16 +822,31 @@ class _Target:
         beside = [rel for files in self.files.by_name().values() for rel in files
                   if PurePosixPath(rel).parent == folder
                   and PurePosixPath(rel).suffix in _SOURCES]
-        best: tuple[int, str] | None = None
-        for rel in dict.fromkeys([*(r for r in self.target.index.files if r.endswith(suffix)),
-                                  *beside]):
-            here = self._flat_set(rel) if rel != hunk.path else None
+        need = max(2, len(wanted) / 3)
+        heads = [_run_heads(w) for w in wanted]
+        # Cheap first: how many of its lines a file can have at most (a line whose names the
+        # file lacks is not there); files are read most promising first, until none left
+        # can have as many as the best so far (of two alike, the first listed wins).
+        bounds = []
+        for order, rel in enumerate(dict.fromkeys(
+                [*(r for r in self.target.index.files if r.endswith(suffix)), *beside])):
+            if rel != hunk.path:
+                names = self.target.file_words(rel)
+                could = sum(all(any(h in names for h in run) for run in line)
+                            for line in heads)
+                if could >= need:
+                    bounds.append((-could, order, rel))
+        best: tuple[int, int, str] | None = None  # (lines shared, order, file)
+        for could, order, rel in sorted(bounds):
+            if best is not None and (-could, -order) <= (best[0], -best[1]):
+                break
+            here = self._flat_set(rel)
             if here is None:
                 continue
             shared = len(wanted & here)
-            if shared >= max(2, len(wanted) / 3) and (best is None or shared > best[0]):
-                best = (shared, rel)
-        return self.nearest(hunk, best[1], None) if best else None
+            if shared >= need and (best is None or (shared, -order) > (best[0], -best[1])):
+                best = (shared, order, rel)
+        return self.nearest(hunk, best[2], None) if best else None
 
     def _now_lines(self, rel: str) -> tuple[list[str], list[str]] | None:
         """The target's file `rel` as the series is carried: its lines and those lines
@@ -1084,6 +1099,17 @@ class _Target:
             return None
         return SemanticChange(word, "removed", f"{sym.qualname} ({sym.kind} at {sym.where} "
                               f"in the base) is not in the target")
+
+
+_RUN = re.compile(r"(?<!\w)[A-Za-z_]\w*")
+
+
+def _run_heads(flattened: str) -> list[tuple[str, ...]]:
+    """For a flattened line: each run of word characters that starts like a name, as the
+    names it may begin with, longest first. A line of a file flattens so only where, for
+    each run, one of them is a name the file uses (a run is one name, or names that only
+    white space or a comment parted: `int x` is `intx`)."""
+    return [tuple(run[:k] for k in range(len(run), 0, -1)) for run in _RUN.findall(flattened)]
 
 
 _SCOPES: dict[int, tuple[Index, dict[str, list[Symbol]]]] = {}
