@@ -515,6 +515,21 @@ def test_run_heads_are_the_names_a_flattened_run_may_begin_with():
     assert _run_heads("0x1f+9;") == []
 
 
+
+def test_a_file_the_index_leaves_out_has_its_own_names_once_every_indexed_file_was_read(
+        tmp_path):
+    """A source beside the hunk's file that the series' patterns do not index (upstream split
+    ggml-metal.m into ggml-metal.cpp) is read for its names: "every indexed file's names"
+    being known says nothing of it."""
+    from portkit.follow.sides import Side
+    root = _tree(tmp_path / "t", {"src/a.cpp": FUNC, "src/extra.mm": "int extra_only(void);\n"})
+    side = Side("t", root, ("src/*.cpp",))
+    assert "src/extra.mm" not in side.index.files and side.words["src/a.cpp"]
+    assert side.file_words("src/extra.mm") == frozenset({"int", "extra_only", "void"})
+    assert side.file_words("src/a.cpp") == side.words["src/a.cpp"]
+    assert side.file_words("src/none.cpp") == frozenset()
+
+
 SPLIT = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n"
                 for i in range(12))
 

@@ -78,9 +78,9 @@ class Side:
 
     def file_words(self, rel: str) -> frozenset[str]:
         """The names used in one file (as `words`, without reading every file)."""
-        if "words" in self.__dict__:
-            return self.words.get(rel, frozenset())
-        if rel not in self._file_words:
+        if "words" in self.__dict__ and rel in self.words:
+            return self.words[rel]
+        if rel not in self._file_words:  # (a file the index leaves out is read for them)
             known = self.index.files.get(rel) if "index" in self.__dict__ else None
             if known is not None and known.words is not None \
                     and not (self.root / rel).is_symlink():  # the index read the file itself
