@@ -224,16 +224,25 @@ _PATCH_PROBLEM = re.compile(r"malformed patch|Only garbage|unexpected end of|une
 def _gnu(args: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
     """Run GNU patch in the C locale; its exit code and output lines. (Not proc.run, which
     inherits stdin and decodes strictly: GNU patch prints file names as raw bytes.)"""
+    return _gnu_end(_gnu_start(args, cwd))
+
+
+def _gnu_start(args: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """GNU patch started (see `_gnu`); `_gnu_end` waits for it and reads what it said."""
     env = {k: v for k, v in os.environ.items() if k not in _PATCH_ENV}
     env["LC_ALL"] = "C"
     checkpoint("run:patch")
     try:
-        proc = subprocess.run(["patch", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, check=False)
+        return subprocess.Popen(["patch", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError as exc:
         raise ToolMissing("GNU patch not found: install the Debian package `patch`, or put "
                           "it on PATH") from exc
-    out = (proc.stdout + proc.stderr).decode("utf-8", "surrogateescape")
+
+
+def _gnu_end(proc: subprocess.Popen[bytes]) -> tuple[int, list[str]]:
+    stdout, stderr = proc.communicate()
+    out = (stdout + stderr).decode("utf-8", "surrogateescape")
     lines = out.splitlines()
     trouble = next((ln[len("patch: **** "):] for ln in lines if ln.startswith("patch: **** ")
                     and not _PATCH_PROBLEM.search(ln)), None)
@@ -319,6 +328,9 @@ class _Run:
         self.reverse = reverse
         self.exact = exact
         self.modes = modes  # git's mode of each file present in the scratch tree
+        # GNU patch's output for a file's whole section, run ahead of `_section` (see
+        # `_run_ahead`), by (file, its hunks' numbers)
+        self._ahead: dict[tuple[str, tuple[int, ...]], list[str]] = {}
 
     def patch(self, patch: Patch) -> PatchResult:
         shutil.rmtree(self.trial, ignore_errors=True)
@@ -364,6 +376,35 @@ class _Run:
                 f"--fuzz={self.fuzz}", *(["-R"] if reverse else []),
                 *(["--dry-run"] if dry_run else []), "-i", str(patch_file)]
 
+    def _run_ahead(self, patch: Patch) -> None:
+        """GNU patch on each file of a patch that changes several files in place (no
+        creation, removal, rename, copy or binary: each run reads and writes its own file
+        only), all at once: `_section` then reads each file's output as if it had run GNU
+        patch itself, one file after the other (the two cores overlap the runs)."""
+        files = patch.files
+        if len(files) < 2 or len({f.path for f in files}) < len(files) or not all(
+                f.hunks and not f.binary and f.status == "modified" and not f.is_copy
+                and f.old_path == f.new_path for f in files):
+            return
+        started: list[tuple[FileDiff, subprocess.Popen[bytes]]] = []
+        failed = ""  # the first run's failure (each waited for all the same)
+        try:
+            for number, f in enumerate(files):
+                section = self.trial.parent / f"section-{number}.diff"
+                section.write_bytes(_section(f, [h.text for h in f.hunks]).encode(
+                    "utf-8", "surrogateescape"))
+                started.append((f, _gnu_start(self._args(section, reverse=self.reverse,
+                                                          dry_run=False), self.trial)))
+        finally:
+            for f, proc in started:  # every run waited for, also when one failed to start
+                try:
+                    self._ahead[(f.path, tuple(h.index for h in f.hunks))] = _gnu_end(proc)[1]
+                except ToolFailed as exc:
+                    failed = failed or str(exc)
+        if failed:
+            self._ahead.clear()
+            raise ToolFailed(failed)
+
     def _write(self, text: str) -> Path:
         """The patch file GNU patch reads next (one at a time)."""
         path = self.trial.parent / "section.diff"
@@ -408,8 +449,11 @@ class _Run:
                  hunks: list[Hunk]) -> tuple[list[HunkResult], list[HunkResult]]:
         """GNU patch's run over these hunks of the file in the try folder: a result for each,
         and those it applied that were there already."""
-        section = self._write(_section(f, [h.text for h in hunks]))
-        _, lines = _gnu(self._args(section, reverse=self.reverse, dry_run=False), self.trial)
+        lines = self._ahead.pop((f.path, tuple(h.index for h in hunks)), None)
+        if lines is None:
+            section = self._write(_section(f, [h.text for h in hunks]))
+            _, lines = _gnu(self._args(section, reverse=self.reverse, dry_run=False),
+                            self.trial)
         verdicts = _verdicts(lines)
         missing = any("can't find file to patch" in line for line in lines)
         fatal = _fatal(lines)

@@ -418,3 +418,43 @@ def test_the_committed_rotation_series_on_real_trees(registry_tree):
         assert any(h.reason == "file missing" for h in failed)  # llama-kv-cache-unified.cpp
         assert {p.patch.name: p.applied for p in result.patches} == {
             p.name: False for p in series.patches}
+
+
+def test_gnu_patch_run_ahead_on_every_file_of_a_patch_reads_as_file_by_file(drifted, tmp_path,
+                                                                           monkeypatch):
+    """Drift's carry runs GNU patch on the files of a patch that changes several in place all
+    at once (`_run_ahead`): each file's verdicts, offsets, fuzz, reasons and bytes are those
+    of the runs one file after the other, and those runs are not made a second time."""
+    from portkit import hunks as hunks_mod
+    from portkit.follow.sequence import _Carry
+
+    header = b"#pragma once\n"
+    two = make_patch("two", (KV, b"".join(ORIGINAL), b"".join(edited(ORIGINAL, dict([
+        change(8, 1, "    int y = x * 80;\n"), change(15, 1, "    int y = x + 15;\n"),
+        change(30, 2, "    return y;\n")])))), ("src/kv.h", header, header + b"int kv(int);\n"))
+    series_dir = tmp_path / "series"
+    series_dir.mkdir()
+    (series_dir / "0001-two.patch").write_bytes(two.text.encode())
+    series = read_series(series_dir)
+
+    def carried() -> tuple[list[tuple[object, ...]], dict[str, bytes | None], int]:
+        runs = []
+        real = hunks_mod._gnu
+
+        def counted(args, cwd=None):
+            runs.append(args)
+            return real(args, cwd)
+
+        monkeypatch.setattr(hunks_mod, "_gnu", counted)
+        with _Carry.on(series, drifted) as carry:
+            result = carry.patch(series.patches[0])
+            rows = [(h.file, h.index, h.status, h.offset, h.fuzz, h.line, h.reason)
+                    for h in result.hunks]
+            return rows, carry.files(), len(runs)
+
+    ahead, ahead_files, ahead_runs = carried()
+    monkeypatch.setattr(hunks_mod._Run, "_run_ahead", lambda self, patch: None)
+    one_by_one, files, runs = carried()
+    assert ahead == one_by_one and ahead_files == files
+    assert {row[2] for row in ahead} >= {CLEAN, FAILED} and len(ahead) == 4
+    assert ahead_runs < runs  # the files' first runs were made ahead, all at once

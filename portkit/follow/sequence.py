@@ -150,8 +150,10 @@ class _Carry(_Run):
         self.trial.mkdir(exist_ok=True)
         lay_down(self.trial, {rel: self._files.get(rel) for rel in patch.paths})
         result = PatchResult(patch, [], applied=False)
+        self._run_ahead(patch)
         for f in patch.files:
             self._file(patch, f, result)
+        self._ahead.clear()
         result.applied = not result.problems and not result.failed
         if result.applied:
             self.lend({rel: (self.trial / rel).read_bytes() if (self.trial / rel).is_file()

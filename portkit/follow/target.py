@@ -69,6 +69,7 @@ from portkit.follow.words import (
     _meaningful,
     _tokens,
     _unify,
+    code_of,
     identifiers,
 )
 from portkit.hunks import (
@@ -968,8 +969,7 @@ class _Target:
         A name declared as two classes is left out."""
         seen: dict[str, set[str]] = defaultdict(set)
         for line in (*hunk.old_lines, *hunk.added):
-            code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-            for cls, name in _DECLARES.findall(code):
+            for cls, name in _DECLARES.findall(code_of(line)):
                 if name not in _KEYWORDS and any(
                         s.kind == CLASS for s in self.base.index.find(cls, (CLASS,))):
                     seen[name].add(cls)

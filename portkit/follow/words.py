@@ -42,14 +42,28 @@ _MEANINGFUL = 4  # a line shorter than this, flattened, says nothing on its own 
 _NEAR = 12  # lines within which an insertion's neighbour below may be, upstream having added some
 
 
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+
+
+@lru_cache(maxsize=65536)
+def code_of(line: str) -> str:
+    """A line without its `//` comment and with every string literal emptied (`""`): the
+    code whose names count (cached: the engine reads a patch's lines many times)."""
+    return _STRING.sub('""', line.split("//", 1)[0])
+
+
+@lru_cache(maxsize=65536)
+def _line_names(line: str) -> tuple[str, ...]:
+    return tuple(name for name in _IDENT.findall(code_of(line))
+                 if name not in _KEYWORDS and len(name) > 1)
+
+
 def identifiers(lines: Iterable[str]) -> list[str]:
     """The names in `lines`, in order of first use, without keywords and string contents."""
     seen: dict[str, None] = {}
     for line in lines:
-        code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-        for name in _IDENT.findall(code):
-            if name not in _KEYWORDS and len(name) > 1:
-                seen.setdefault(name)
+        for name in _line_names(line):
+            seen.setdefault(name)
     return list(seen)
 
 
@@ -86,8 +100,7 @@ _TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
 
 def _tokens(line: str) -> list[str]:
     """A line's C++ tokens, roughly: names, numbers, and every other character apart."""
-    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-    return _TOKEN.findall(code)
+    return _TOKEN.findall(code_of(line))
 
 
 def _akin(a: str, b: str) -> bool:
@@ -119,8 +132,12 @@ def _unify(ours: list[str], theirs: list[str], wild: frozenset[str], gained: fro
     return out if not has_wild or literal >= 2 else None
 
 
-def _bare_names(line: str) -> set[str]:
+_ON_ITS_OWN = re.compile(r"(?<![\w.>:])([A-Za-z_]\w*)")
+
+
+@lru_cache(maxsize=65536)
+def _bare_names(line: str) -> frozenset[str]:
     """The names a line uses on their own: not after `.`, `->` or `::`."""
-    code = re.sub(r'"(?:\\.|[^"\\])*"', '""', line.split("//", 1)[0])
-    return {m.group(1) for m in re.finditer(r"(?<![\w.>:])([A-Za-z_]\w*)", code)
-            if not re.search(r"(?:\.|->|::)\s*$", code[:m.start()])}
+    code = code_of(line)
+    return frozenset(m.group(1) for m in _ON_ITS_OWN.finditer(code)
+                     if not code[:m.start()].rstrip().endswith((".", "->", "::")))
