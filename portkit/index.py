@@ -151,6 +151,8 @@ def flat(text: str) -> str:
     return "".join(text.split())
 
 
+FLAT_FORMAT = 1  # what `flat` keeps of a line: a cache of flattened lines says which
+
 # What str.split() splits on, bar the newline that `flat_all` joins lines with.
 _BLANKS = str.maketrans("", "", "".join(c for c in map(chr, range(0x3001))
                                          if c.isspace() and c != "\n"))

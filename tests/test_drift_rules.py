@@ -26,6 +26,7 @@ from portkit.follow.presence import (
 )
 from portkit.follow.target import _run_heads, _Target
 from portkit.follow.words import _akin
+from portkit.index import flat
 from portkit.series import read_series
 from portkit.tree import detect
 
@@ -528,6 +529,30 @@ def test_a_file_the_index_leaves_out_has_its_own_names_once_every_indexed_file_w
     assert side.file_words("src/extra.mm") == frozenset({"int", "extra_only", "void"})
     assert side.file_words("src/a.cpp") == side.words["src/a.cpp"]
     assert side.file_words("src/none.cpp") == frozenset()
+
+
+
+def test_a_files_flattened_lines_are_kept_by_content_and_a_bad_entry_is_read_again(
+        tmp_path, monkeypatch):
+    """Side.flat_set: the set of an indexed file's flattened lines, kept on disk by its
+    content's hash; an entry that is damaged or holds anything but lines is not believed."""
+    import marshal
+
+    from portkit.follow.sides import Side
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    text = FUNC + "int  g( int x ) { return x; } // g\n"
+    root = _tree(tmp_path / "t", {"src/a.cpp": text})
+    expected = frozenset(flat(line) for line in text.splitlines())
+    first = Side("t", root, ("src/*.cpp",))
+    first.index  # noqa: B018 - the index first: its hash names the entry
+    assert first.flat_set("src/a.cpp") == expected and first.flat_set("src/b.cpp") is None
+    (entry,) = (tmp_path / "cache" / "flat").rglob("*.marshal")
+    assert frozenset(marshal.loads(entry.read_bytes())) == expected
+    for bad in (b"\x00garbage", marshal.dumps([1, 2]), marshal.dumps({"x": 1})):
+        entry.write_bytes(bad)
+        again = Side("t", root, ("src/*.cpp",))
+        again.index  # noqa: B018
+        assert again.flat_set("src/a.cpp") == expected
 
 
 SPLIT = "".join(f"static int part_{i}(int x) {{\n    return x + {i};\n}}\n\n"

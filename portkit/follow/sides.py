@@ -6,6 +6,8 @@ which files are looked at, and what a feature's manifest says upstream has.
 
 from __future__ import annotations
 
+import marshal
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from portkit.cache import lay_down, read_entry
+from portkit.cache import cache_dir, lay_down, read_entry
 from portkit.errors import ApplyConflict, PortkitError
 from portkit.features import Feature, templates_root
 from portkit.follow.words import _IDENT, _tokens
@@ -22,6 +24,7 @@ from portkit.hunks import (
     apply_hunks,
 )
 from portkit.index import (
+    FLAT_FORMAT,
     Index,
     flat_all,
     words_of,
@@ -75,6 +78,33 @@ class Side:
         if rel not in self._flat:
             self._flat[rel] = flat_all(self.lines(rel) or [])
         return self._flat[rel]
+
+    def flat_set(self, rel: str) -> frozenset[str] | None:
+        """The file's flattened lines as a set; None when there is no such file. An indexed
+        file's is kept on disk by its content's hash, as its index entry is (a search for a
+        hunk's lines in every file of a kind reads the same files run after run)."""
+        known = self.index.files.get(rel) if "index" in self.__dict__ else None
+        entry = None
+        if known is not None and not (self.root / rel).is_symlink():  # the index read it
+            entry = cache_dir("flat", f"v{FLAT_FORMAT}.{marshal.version}",
+                              known.sha256[:2]) / f"{known.sha256}.marshal"
+            try:
+                kept = marshal.loads(entry.read_bytes())
+                if isinstance(kept, list) and all(isinstance(x, str) for x in kept):
+                    return frozenset(kept)
+            except (OSError, EOFError, ValueError, TypeError):
+                pass  # none yet, or damaged (a full disk, a killed run): flattened again
+        if self.lines(rel) is None:
+            return None
+        found = frozenset(self.flat_lines(rel))
+        if entry is not None:
+            tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
+            try:
+                tmp.write_bytes(marshal.dumps(sorted(found)))
+                tmp.replace(entry)
+            except OSError:
+                tmp.unlink(missing_ok=True)  # a cache that cannot be written is no cache
+        return found
 
     def file_words(self, rel: str) -> frozenset[str]:
         """The names used in one file (as `words`, without reading every file)."""

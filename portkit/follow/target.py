@@ -866,8 +866,7 @@ class _Target:
         """The target's file `rel` as upstream has it, as a set of flattened lines (cached:
         every hunk looked for anywhere reads the same files); None when there is none."""
         if rel not in self._flat_sets:
-            self._flat_sets[rel] = frozenset(self.target.flat_lines(rel)) \
-                if self.target.lines(rel) is not None else None
+            self._flat_sets[rel] = self.target.flat_set(rel)
         return self._flat_sets[rel]
 
     def _words_now(self, rel: str) -> frozenset[str]:
