@@ -28,7 +28,7 @@ import fnmatch
 import itertools
 import re
 import tomllib
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -87,6 +87,17 @@ def _alias_groups() -> dict[str, tuple[str, ...]]:
 def aliases_of(name: str) -> tuple[str, ...]:
     """Every name of `name`'s rename group, today's first; just `name` if it has none."""
     return _alias_groups().get(name, (name,))
+
+
+@cache
+def _todays() -> dict[str, str]:
+    return {name: group[0] for name, group in _alias_groups().items()}
+
+
+def todays_names(tokens: Sequence[str]) -> tuple[str, ...]:
+    """Each token as `aliases_of(token)[0]` reads it (today's name of its rename group), in
+    one pass."""
+    return tuple(map(_todays().get, tokens, tokens))
 
 
 @cache
@@ -278,8 +289,11 @@ class Resolution:
         }
 
 
-def _shingles(tokens: list[str], n: int = 4) -> set[tuple[str, ...]]:
-    return {tuple(tokens[i : i + n]) for i in range(max(1, len(tokens) - n + 1))}
+def _shingles(tokens: Sequence[str], n: int = 4) -> set[tuple[str, ...]]:
+    """Every run of `n` tokens (all of them, as one run, when there are fewer)."""
+    if len(tokens) < n:
+        return {tuple(tokens)}
+    return set(zip(*(tokens[i:] for i in range(n)), strict=False))  # the shortest ends it
 
 
 class Resolver:
@@ -859,7 +873,7 @@ class Locator:
         """The body's (or value's) tokens, each identifier by today's name of its group."""
         if id(sym) not in self._tokens:
             body = index.body(sym).replace("\\\n", " ")
-            self._tokens[id(sym)] = tuple(aliases_of(t)[0] for t in normalise(body))
+            self._tokens[id(sym)] = todays_names(normalise(body))
         return self._tokens[id(sym)]
 
     def _body_likeness(self, sym: Symbol, other: Symbol) -> float:
@@ -872,7 +886,7 @@ class Locator:
 
     def _body_shingles(self, index: Index, sym: Symbol) -> set[tuple[str, ...]]:
         if id(sym) not in self._shingle_sets:
-            self._shingle_sets[id(sym)] = _shingles(list(self._body_tokens(index, sym)))
+            self._shingle_sets[id(sym)] = _shingles(self._body_tokens(index, sym))
         return self._shingle_sets[id(sym)]
 
     @staticmethod

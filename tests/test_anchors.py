@@ -20,9 +20,12 @@ from portkit.anchors import (
     Candidate,
     Locator,
     Resolver,
+    _shingles,
+    aliases_of,
     find,
     load_anchor_set,
     locate,
+    todays_names,
 )
 from portkit.cli import cli
 from portkit.errors import AnchorError
@@ -593,3 +596,18 @@ def test_anchors_table_fits_a_pipe_and_json_keeps_full_text(registry_tree):
                       .output)
     notes = [a["note"] for a in data["anchors"] if a["note"]]
     assert max(len(n) for n in notes) > PIPE_WIDTH and not any("…" in n for n in notes)
+
+
+def test_shingles_are_every_run_of_four_tokens_or_all_of_fewer():
+    tokens = ["a", "b", "c", "d", "e", "b", "c", "d", "e"]
+    assert _shingles(tokens) == {("a", "b", "c", "d"), ("b", "c", "d", "e"),
+                                 ("c", "d", "e", "b"), ("d", "e", "b", "c"),
+                                 ("e", "b", "c", "d")}
+    assert _shingles(["x", "y"]) == {("x", "y")} and _shingles([]) == {()}
+    assert _shingles(tuple(tokens), 8) == {tuple(tokens[:8]), tuple(tokens[1:])}
+
+
+def test_todays_names_read_each_token_through_its_rename_group():
+    tokens = ["build_kq_mask", "(", "llama_kv_cache_unified", "x", ")"]
+    assert todays_names(tokens) == tuple(aliases_of(t)[0] for t in tokens)
+    assert todays_names(tokens)[0] == "build_attn_inp_kq_mask" and todays_names([]) == ()
