@@ -130,3 +130,21 @@ def test_validate_in_a_fork_whose_subset_cannot_be_built_says_what_it_lacks(fixt
     assert [line for line in result.output.splitlines() if line.startswith("portkit: ")
             and "validate:" not in line] == [result.output.splitlines()[-1]]
     assert tree_bytes(fork.root) == before
+
+
+def test_the_program_collects_cycles_less_often_and_the_library_leaves_it_alone():
+    """portkit the program raises the cyclic collector's thresholds (its symbol tables live
+    to the end of a run); imported as a library it changes nothing of the host's."""
+    import subprocess
+    import sys
+    probe = ("import gc, json, sys; before = gc.get_threshold(); {argv}import portkit; "
+             "print(json.dumps([before, gc.get_threshold()]))")
+
+    def thresholds(argv: str) -> list[list[int]]:
+        out = subprocess.run([sys.executable, "-c", probe.format(argv=argv)],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    assert thresholds("sys.argv = ['/usr/bin/portkit']; ")[1] == [20_000, 20, 20]
+    before, after = thresholds("")
+    assert before == after
