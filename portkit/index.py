@@ -612,9 +612,11 @@ _ROW = attrgetter(*(f.name for f in fields(Symbol) if f.name != "file"))
 _FILE_AT = [f.name for f in fields(Symbol)].index("file")
 
 
-def index_file(rel: str, src: bytes, parses: ParseCache | None = None) -> FileIndex:
-    """Index one file's bytes `src`, reusing the on-disk entry for identical content."""
-    sha = hashlib.sha256(src).hexdigest()
+def index_file(rel: str, src: bytes, parses: ParseCache | None = None,
+               sha: str = "") -> FileIndex:
+    """Index one file's bytes `src` (`sha`: their sha256, when the caller has it), reusing
+    the on-disk entry for identical content."""
+    sha = sha or hashlib.sha256(src).hexdigest()
     entry = _cache_path(sha)
     if entry.is_file():
         try:
@@ -663,10 +665,21 @@ class Index:
         self._text: dict[str, bytes] = {}
 
     @classmethod
-    def build(cls, root: Path, patterns: Iterable[str]) -> Index:
+    def build(cls, root: Path, patterns: Iterable[str], beside: Index | None = None) -> Index:
+        """The index of `root`'s files that match `patterns`; a file whose path and content
+        are those of one that `beside` (another tree's index) has shares its entry."""
         sources = {rel: (root / rel).read_bytes() for rel in source_files(root, patterns)}
         parses = ParseCache()
-        index = cls(root, (index_file(rel, src, parses) for rel, src in sources.items()), parses)
+        known = beside.files if beside is not None else {}
+
+        def entry(rel: str, src: bytes) -> FileIndex:
+            sha = hashlib.sha256(src).hexdigest()
+            same = known.get(rel)
+            if same is not None and same.sha256 == sha:
+                return same  # (a symbol is never changed once indexed: one serves both)
+            return index_file(rel, src, parses, sha)
+
+        index = cls(root, (entry(rel, src) for rel, src in sources.items()), parses)
         index._text.update(sources)  # each file is read once
         return index
 

@@ -532,3 +532,24 @@ def test_flat_all_flattens_each_line_as_flat_does():
     assert flat_all(lines) == [flat(line) for line in lines]
     assert flat_all(lines)[:3] == ["intx=1;", "foo(a,b);", "y=2;"]
     assert flat_all([]) == []
+
+
+def test_an_index_built_beside_another_shares_the_files_both_trees_have_alike(tmp_path,
+                                                                             monkeypatch):
+    """Index.build(..., beside): a file with the same path and content as in the other tree
+    takes the other's entry; a changed or new file is indexed on its own; the symbols are
+    those of the index built alone."""
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    old, new = tmp_path / "old", tmp_path / "new"
+    for root, b_text in ((old, "int g() { return 2; }\n"), (new, "int h() { return 3; }\n")):
+        (root / "src").mkdir(parents=True)
+        (root / "src" / "a.cpp").write_text("int f() { return 1; }\n")
+        (root / "src" / "b.cpp").write_text(b_text)
+    (new / "src" / "c.cpp").write_text("struct c_only { int n; };\n")
+    base = Index.build(old, ["src/*.cpp"])
+    beside = Index.build(new, ["src/*.cpp"], base)
+    alone = Index.build(new, ["src/*.cpp"])
+    assert beside.files["src/a.cpp"] is base.files["src/a.cpp"]
+    assert beside.files["src/b.cpp"] is not base.files["src/b.cpp"]
+    assert beside.symbols == alone.symbols
+    assert [s.name for s in beside.symbols] == ["f", "h", "c_only", "n"]

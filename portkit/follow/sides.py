@@ -55,9 +55,14 @@ class Side:
     _tokens: dict[str, dict[int, list[str]]] = field(default_factory=dict, repr=False)
     _file_words: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
 
+    beside: Side | None = field(default=None, repr=False, compare=False)  # see `index`
+
     @cached_property
     def index(self) -> Index:
-        return Index.build(self.root, self.patterns)
+        """The side's index; where `beside` (the other side) has its own already, the files
+        the two trees have alike share their entries."""
+        other = self.beside.__dict__.get("index") if self.beside is not None else None
+        return Index.build(self.root, self.patterns, other)
 
     def text(self, rel: str) -> str | None:
         """The file as git sees it: a symbolic link is its target's name, never the file it

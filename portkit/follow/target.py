@@ -117,6 +117,8 @@ class _Target:
         self.base = base
         self.target = target
         self.upstream = upstream or {}  # subject -> why, for a feature series portkit knows
+        if target.beside is None:
+            target.beside = base  # (the base's index first: the target's shares its files)
         self.locator = Locator(base.index, target.index)
         self.current: dict[str, bytes | None] = {}
         self.homes: dict[str, str | None] = {}
