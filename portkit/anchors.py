@@ -30,7 +30,7 @@ import re
 import tomllib
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache, cached_property
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -931,19 +931,24 @@ def _name_likeness(a: str, b: str) -> float:
 AKIN = 0.7  # how alike two names must be for one to read as a rename of the other
 
 
+@lru_cache(maxsize=1 << 16)
 def akin(a: str, b: str) -> bool:
     """Whether `b` reads as a rename of `a`: the one rename-likeness rule (the Locator's
     look-alikes by name and drift's "present upstream under another name" both use it).
     Never when both have numbers and those differ (`q4_0` is not `q4_1`); else the same
-    words in another order, or mostly the same letters."""
+    words in another order, or mostly the same letters. (Cached: the follow engine asks
+    it of the same names often.)"""
+    if 2 * min(len(a), len(b)) < AKIN * (len(a) + len(b)):
+        return False  # difflib's real_quick_ratio: the lengths alone rule it out (and the
+        # same words in another order are as long)
     if _numbers_differ(a, b):
         return False
     if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
         return True
-    if 2 * min(len(a), len(b)) < AKIN * (len(a) + len(b)):
-        return False
-    m = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    return m.real_quick_ratio() >= AKIN and m.quick_ratio() >= AKIN and m.ratio() >= AKIN
+    shared = sum(min(a.count(c), b.count(c)) for c in set(a))
+    if 2 * shared < AKIN * (len(a) + len(b)):
+        return False  # difflib's quick_ratio: the letters, in any order, rule it out
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= AKIN
 
 
 def _canonical_params(sym: Symbol) -> list[str]:

@@ -611,3 +611,27 @@ def test_todays_names_read_each_token_through_its_rename_group():
     tokens = ["build_kq_mask", "(", "llama_kv_cache_unified", "x", ")"]
     assert todays_names(tokens) == tuple(aliases_of(t)[0] for t in tokens)
     assert todays_names(tokens)[0] == "build_attn_inp_kq_mask" and todays_names([]) == ()
+
+
+def test_akin_rules_out_by_length_and_letters_before_the_full_comparison():
+    """The cheap tests (lengths, letters in any order) only rule out what the full
+    comparison would: the same answers as difflib's three ratios, in order."""
+    import difflib
+
+    from portkit.anchors import AKIN, _numbers_differ, akin
+
+    def by_difflib(a: str, b: str) -> bool:
+        if _numbers_differ(a, b):
+            return False
+        if sorted(a.lower().split("_")) == sorted(b.lower().split("_")):
+            return True
+        m = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        return m.real_quick_ratio() >= AKIN and m.quick_ratio() >= AKIN and m.ratio() >= AKIN
+
+    names = ["llama_n_ctx_per_seq", "llama_n_ctx_seq", "kv_cache_unified", "unified_kv_cache",
+             "q4_0", "q4_1", "build_attn", "attn_build_x", "n", "seq_n", "abcdef", "fedcba",
+             "kv_self", "kv", "llama_batch_limit", ""]
+    for a in names:
+        for b in names:
+            assert akin(a, b) == by_difflib(a, b), (a, b)
+    assert akin("abcdef", "fedcba") is False and akin("kv_cache_unified", "unified_kv_cache")
