@@ -127,6 +127,9 @@ def main() -> None:
         if not (args.reuse and (work / "cases").is_dir()):
             _run([sys.executable, "make_cases.py", str(work), "--mirror", args.mirror],
                  args.bench / "rebase")
+        # Byte-compiled first, as pip installs a package: a run never pays for compiling
+        # (an editable checkout under PYTHONDONTWRITEBYTECODE would, every time).
+        _run([sys.executable, "-m", "compileall", "-q", str(REPO / "portkit")], REPO)
         r = rebase_bench(args.bench.resolve(), work, args.portkit)
         d = drift_bench(args.bench.resolve(), work, args.portkit)
     c = r["counts"]
