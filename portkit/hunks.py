@@ -395,12 +395,18 @@ class _Run:
                     "utf-8", "surrogateescape"))
                 started.append((f, _gnu_start(self._args(section, reverse=self.reverse,
                                                           dry_run=False), self.trial)))
-        finally:
-            for f, proc in started:  # every run waited for, also when one failed to start
+            for f, proc in started:
                 try:
                     self._ahead[(f.path, tuple(h.index for h in f.hunks))] = _gnu_end(proc)[1]
                 except ToolFailed as exc:
                     failed = failed or str(exc)
+        except BaseException:  # one failed to start, or a signal: none is left running
+            self._ahead.clear()
+            for _, proc in started:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            raise
         if failed:
             self._ahead.clear()
             raise ToolFailed(failed)

@@ -17,7 +17,7 @@ import pytest
 from portkit import tree as tree_mod
 from portkit.errors import InputError
 from portkit.hunks import ALREADY, CLEAN, FAILED, FUZZ, OFFSET, apply_hunks
-from portkit.series import Patch, parse_patch, read_series
+from portkit.series import Patch, Series, parse_patch, read_series
 
 from .test_series import COMMITTED, OLLAMA_OPTIONS, GitRepo, cpp
 
@@ -420,6 +420,17 @@ def test_the_committed_rotation_series_on_real_trees(registry_tree):
             p.name: False for p in series.patches}
 
 
+def _two_file_series(tmp_path: Path, *changes: tuple[int, list[bytes]]) -> Series:
+    """A series of one patch that changes kv.cpp (`changes`) and kv.h in place."""
+    header = b"#pragma once\n"
+    two = make_patch("two", (KV, b"".join(ORIGINAL), b"".join(edited(ORIGINAL, dict(changes)))),
+                     ("src/kv.h", header, header + b"int kv(int);\n"))
+    series_dir = tmp_path / "series"
+    series_dir.mkdir()
+    (series_dir / "0001-two.patch").write_bytes(two.text.encode())
+    return read_series(series_dir)
+
+
 def test_gnu_patch_run_ahead_on_every_file_of_a_patch_reads_as_file_by_file(drifted, tmp_path,
                                                                            monkeypatch):
     """Drift's carry runs GNU patch on the files of a patch that changes several in place all
@@ -428,14 +439,9 @@ def test_gnu_patch_run_ahead_on_every_file_of_a_patch_reads_as_file_by_file(drif
     from portkit import hunks as hunks_mod
     from portkit.follow.sequence import _Carry
 
-    header = b"#pragma once\n"
-    two = make_patch("two", (KV, b"".join(ORIGINAL), b"".join(edited(ORIGINAL, dict([
-        change(8, 1, "    int y = x * 80;\n"), change(15, 1, "    int y = x + 15;\n"),
-        change(30, 2, "    return y;\n")])))), ("src/kv.h", header, header + b"int kv(int);\n"))
-    series_dir = tmp_path / "series"
-    series_dir.mkdir()
-    (series_dir / "0001-two.patch").write_bytes(two.text.encode())
-    series = read_series(series_dir)
+    series = _two_file_series(tmp_path, change(8, 1, "    int y = x * 80;\n"),
+                              change(15, 1, "    int y = x + 15;\n"),
+                              change(30, 2, "    return y;\n"))
 
     def carried() -> tuple[list[tuple[object, ...]], dict[str, bytes | None], int]:
         runs = []
@@ -458,3 +464,27 @@ def test_gnu_patch_run_ahead_on_every_file_of_a_patch_reads_as_file_by_file(drif
     assert ahead == one_by_one and ahead_files == files
     assert {row[2] for row in ahead} >= {CLEAN, FAILED} and len(ahead) == 4
     assert ahead_runs < runs  # the files' first runs were made ahead, all at once
+
+
+def test_a_run_ahead_that_cannot_start_every_run_leaves_none_running(drifted, tmp_path,
+                                                                    monkeypatch):
+    """GNU patch missing for the second file of a run ahead: the error is the one GNU patch's
+    absence gives, the first file's run is over (not left behind), nothing is kept."""
+    from portkit import hunks as hunks_mod
+    from portkit.errors import ToolMissing
+    from portkit.follow.sequence import _Carry
+
+    series = _two_file_series(tmp_path, change(8, 1, "    int y = x * 80;\n"))
+    real, started = hunks_mod._gnu_start, []
+
+    def second_fails(args, cwd=None):
+        if started:
+            raise ToolMissing("GNU patch not found")
+        started.append(real(args, cwd))
+        return started[-1]
+
+    monkeypatch.setattr(hunks_mod, "_gnu_start", second_fails)
+    with _Carry.on(series, drifted) as carry:
+        with pytest.raises(ToolMissing):
+            carry.patch(series.patches[0])
+        assert len(started) == 1 and started[0].poll() is not None and not carry._ahead
