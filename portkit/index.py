@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+import operator
 import os
 import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, fields, replace
 from functools import cache, cached_property, lru_cache
-from operator import attrgetter
 from pathlib import Path
 
 import tree_sitter_cpp
@@ -37,7 +37,7 @@ from tree_sitter import Language, Node, Parser, Point, Range, Tree
 from portkit.cache import cache_dir
 from portkit.errors import TreeError
 
-INDEX_FORMAT = 7
+INDEX_FORMAT = 8
 
 CLASS = "class"
 FUNCTION = "function"
@@ -607,9 +607,37 @@ def _cache_path(sha: str) -> Path:
     return cache_dir("index", f"v{INDEX_FORMAT}.{marshal.version}", sha[:2]) / f"{sha}.marshal"
 
 
-# A cached symbol is the row of its fields but `file`: the same content may sit elsewhere.
-_ROW = attrgetter(*(f.name for f in fields(Symbol) if f.name != "file"))
+# A cached entry keeps the symbols' fields but `file` (the same content may sit elsewhere)
+# column by column: one list per field, checked a column at a time when read.
+_CACHED = tuple(f for f in fields(Symbol) if f.name != "file")
+_COLUMNS = tuple(f.name for f in _CACHED)
+_KINDS = tuple({"str": str, "int": int, "bool": bool}[str(f.type)] for f in _CACHED)
 _FILE_AT = [f.name for f in fields(Symbol)].index("file")
+
+
+def _believable(data: object, size: int) -> bool:
+    """Whether a cached entry is one this code wrote for a file of `size` bytes: every field
+    of its type, every span inside the file. The cache is input like any other: a damaged
+    or hostile entry is indexed again, never believed."""
+    if type(data) is not dict or type(data.get("errors")) is not list \
+            or type(data.get("words")) is not list or type(data.get("columns")) is not dict:
+        return False
+    cols = data["columns"]
+    if set(cols) != set(_COLUMNS) or any(type(c) is not list for c in cols.values()):
+        return False
+    n = len(cols["name"])
+    if any(len(cols[name]) != n or not set(map(type, cols[name])) <= {kind}
+           for name, kind in zip(_COLUMNS, _KINDS, strict=True)):
+        return False
+    start, end = cols["start_byte"], cols["end_byte"]
+    first, last = cols["start_line"], cols["end_line"]
+    body_start, body_end = cols["body_start"], cols["body_end"]
+    return (not n or (min(start) >= 0 and max(end) <= size and min(first) >= 1
+                      and all(map(operator.le, start, end))
+                      and all(map(operator.le, first, last))
+                      and all(b == e == -1 or s <= b <= e <= t for s, b, e, t
+                              in zip(start, body_start, body_end, end, strict=True)))) \
+        and set(map(type, data["errors"])) <= {int} and set(map(type, data["words"])) <= {str}
 
 
 def index_file(rel: str, src: bytes, parses: ParseCache | None = None,
@@ -621,18 +649,23 @@ def index_file(rel: str, src: bytes, parses: ParseCache | None = None,
     if entry.is_file():
         try:
             data = marshal.loads(entry.read_bytes())
-            symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
-                       for row in data["symbols"]]
-            return FileIndex(rel, sha, symbols, data["errors"], frozenset(data["words"]))
-        except (EOFError, ValueError, TypeError, KeyError):
+            if _believable(data, len(src)):
+                cols = [data["columns"][name] for name in _COLUMNS]
+                symbols = [Symbol(*row[:_FILE_AT], rel, *row[_FILE_AT:])  # type: ignore[call-arg]
+                           for row in zip(*cols, strict=True)]
+                return FileIndex(rel, sha, symbols, data["errors"], frozenset(data["words"]))
+        except (OSError, EOFError, ValueError, TypeError):
             pass  # a damaged entry (a full disk, a killed run): index the file again
     result = parse_source(src, rel, sha, parses)
-    rows = [_ROW(sym) for sym in result.symbols]
+    columns = {name: [getattr(sym, name) for sym in result.symbols] for name in _COLUMNS}
     tmp = entry.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
     words = words_of(src)
-    tmp.write_bytes(marshal.dumps({"symbols": rows, "errors": result.errors,
-                                   "words": sorted(words)}))
-    tmp.replace(entry)
+    try:
+        tmp.write_bytes(marshal.dumps({"columns": columns, "errors": result.errors,
+                                       "words": sorted(words)}))
+        tmp.replace(entry)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a cache that cannot be written is no cache
     return replace(result, words=words)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import marshal
 import weakref
@@ -159,7 +160,61 @@ def test_damaged_cache_entry_is_indexed_again(tmp_path, monkeypatch):
     [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
     entry.write_bytes(entry.read_bytes()[:20])  # as a killed run or a full disk leaves it
     assert Index.build(tmp_path / "t", ["*.cpp"]).symbols == first
-    assert len(marshal.loads(entry.read_bytes())["symbols"]) == len(first)  # whole again
+    assert len(marshal.loads(entry.read_bytes())["columns"]["name"]) == len(first)  # whole again
+
+
+def _hostile(data: dict) -> None:
+    """Entries a hostile hand (or a bug of another version) could leave, each well formed
+    marshal: a field of the wrong type, a span outside the file, columns that disagree."""
+    cols = data["columns"]
+    yield {**data, "columns": {**cols, "start_line": [str(n) for n in cols["start_line"]]}}
+    yield {**data, "columns": {**cols, "end_byte": [n + 10_000 for n in cols["end_byte"]]}}
+    yield {**data, "columns": {**cols, "start_line": [0 for _ in cols["start_line"]]}}
+    yield {**data, "columns": {**cols, "body_start": [n + 1 for n in cols["body_end"]]}}
+    yield {**data, "columns": {**cols, "name": cols["name"][:-1]}}
+    yield {**data, "columns": {k: v for k, v in cols.items() if k != "kind"}}
+    yield {**data, "columns": {**cols, "is_static": [1 for _ in cols["is_static"]]}}
+    yield {**data, "errors": ["3"]}
+    yield {**data, "words": [b"n"]}
+    yield [data]
+
+
+def test_a_cached_entry_that_is_not_believable_is_indexed_again(tmp_path, monkeypatch):
+    """The index cache is input like any other: an entry whose fields have other types, or
+    whose spans fall outside the file, is not believed (no wrong symbol, no traceback later);
+    the file is indexed again and the entry written whole."""
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.cpp").write_text(
+        "struct s { int n; };\nenum e { A = 1 };\n#define M(x) (x)\nint f(s x) { return x.n; }\n")
+    first = Index.build(tmp_path / "t", ["*.cpp"]).symbols
+    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    good = marshal.loads(entry.read_bytes())
+    assert index_mod._believable(good, (tmp_path / "t" / "a.cpp").stat().st_size)
+    for bad in _hostile(good):
+        entry.write_bytes(marshal.dumps(bad))
+        assert Index.build(tmp_path / "t", ["*.cpp"]).symbols == first
+        assert marshal.loads(entry.read_bytes()) == good  # written whole again
+
+
+def test_a_full_disk_under_the_cache_indexes_all_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.cpp").write_text("int f() { return 1; }\n")
+    fresh = Index.build(tmp_path / "t", ["*.cpp"]).symbols
+    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    entry.unlink()
+    write = Path.write_bytes
+
+    def full(path: Path, data: bytes) -> int:
+        if path.suffix == ".tmp":
+            write(path, data[:3])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert Index.build(tmp_path / "t", ["*.cpp"]).symbols == fresh
+    assert not list(entry.parent.iterdir())  # no entry, and no half-written one left
 
 
 def test_the_names_a_file_uses_come_from_the_cache_as_they_were_read(tmp_path, monkeypatch):
