@@ -958,6 +958,9 @@ def test_a_hunk_whose_lines_upstream_added_in_its_own_form_is_for_review(tmp_pat
     first, second = done.report.patches
     assert first.status == rb.NEEDS_REVIEW, first.reason
     assert "upstream added 1 of the lines it adds (case KIND_GPT4O:)" in first.reason
+    assert "case KIND_GPT4O is in that switch already (line 7): the patch's, in its own " \
+        "form, carried beside it: twice, it does not compile (the two must become one)" in \
+        first.reason, first.reason
     assert second.status == rb.UNCHANGED, second.reason
 
 
@@ -1256,3 +1259,43 @@ def test_a_hunk_whose_function_upstream_moved_and_reworded_is_written_in_its_wor
         '            throw std::runtime_error("unknown pre-tokenizer");\n',
         '            LOG_WARN("unknown pre-tokenizer, using default");\n'
         "            pre_type = PRE_DEFAULT;\n").encode()
+
+
+ARCH = ("enum llm_arch {\n    LLM_ARCH_GEMMA2,\n    LLM_ARCH_STARCODER2,\n};\n\n"
+        "void load(int arch) {\n    switch (arch) {\n"
+        "        case LLM_ARCH_GEMMA2:\n            {\n                g2();\n"
+        "            } break;\n"
+        "        case LLM_ARCH_STARCODER2:\n            {\n                sc2();\n"
+        "            } break;\n        default: break;\n    }\n}\n")
+
+
+def test_a_case_upstream_added_too_is_not_carried_a_second_time(tmp_path):
+    """The fork's patch added GEMMA3 (an enumerator, a stub case); upstream added GEMMA3 with
+    its own body, and moved things around it. Text carries the patch's case beside upstream's:
+    a switch with the same case twice does not compile. The patch's is left out, said, and
+    what is left of the patch changes nothing (dropped, the reason saying why); the enum keeps
+    one GEMMA3."""
+    target_arch = ARCH.replace(
+        "    LLM_ARCH_STARCODER2,\n", "    LLM_ARCH_GEMMA3,\n    LLM_ARCH_STARCODER2,\n").replace(
+        "        case LLM_ARCH_STARCODER2:\n",
+        "        case LLM_ARCH_GEMMA3:\n            {\n                g3(ml);\n"
+        "            } break;\n        case LLM_ARCH_STARCODER2:\n").replace(
+        "                g2();\n", "                g2(ml);\n")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/arch.cpp": ARCH}, {**BASE, "src/arch.cpp": target_arch},
+        [("arch: gemma3", {"src/arch.cpp": (
+            "    LLM_ARCH_GEMMA2,\n    LLM_ARCH_STARCODER2,\n",
+            "    LLM_ARCH_GEMMA2,\n    LLM_ARCH_GEMMA3,\n    LLM_ARCH_STARCODER2,\n")}),
+         ("arch: gemma3 case", {"src/arch.cpp": (
+             "            } break;\n        case LLM_ARCH_STARCODER2:\n",
+             "            } break;\n        case LLM_ARCH_GEMMA3:\n            {\n"
+             "            } break;\n        case LLM_ARCH_STARCODER2:\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    carried = (done.carried.get("src/arch.cpp") or target_arch.encode()).decode()
+    assert carried.count("case LLM_ARCH_GEMMA3:") == 1 and "g3(ml);" in carried
+    assert carried.count("LLM_ARCH_GEMMA3,") == 1
+    enum_row, case_row = done.report.patches
+    assert case_row.status == rb.DROPPED, case_row.reason
+    assert "src/arch.cpp: case LLM_ARCH_GEMMA3 is in that switch already (line 13): the " \
+        "patch's, a second one, left out (it would not compile)" in case_row.reason
+    assert enum_row.status == rb.DROPPED, enum_row.reason

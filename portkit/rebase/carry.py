@@ -23,6 +23,7 @@ from portkit.follow.calls import Edit, adapt, calls_of, learn
 from portkit.follow.columns import realign
 from portkit.follow.counts import only_raises, recount
 from portkit.follow.renames import Files
+from portkit.follow.repeats import repeated
 from portkit.follow.text import ALREADY as THERE_ALREADY
 from portkit.follow.text import (
     APART,
@@ -254,6 +255,7 @@ class _Carrier:
         if isinstance(text, _Outcome):
             text = self._in_target_names(patch, text, before_work)
             text = self._realigned(patch, text, before_work, before_base)
+            text = self._repeats(patch, text, before_work)
             # on the files as they were before it
             text = self._semantic(patch, text, before_work, before_base)
             for rel, data in text.after.items():
@@ -306,6 +308,7 @@ class _Carrier:
                     part.reason))))
             return outcome
         outcome = self._realigned(patch, outcome, before_work, before_base)
+        outcome = self._repeats(patch, outcome, before_work)
         for rel, data in outcome.after.items():
             self.work.put(rel, data)
         return self._after_left_out(patch, outcome)
@@ -323,6 +326,7 @@ class _Carrier:
         ours = {rel: self.work.get(rel) for rel in outcome.after}
         outcome = self._in_target_names(patch, outcome, ours)
         outcome = self._realigned(patch, outcome, ours, self._before_base)
+        outcome = self._repeats(patch, outcome, ours)
         outcome = self._semantic(patch, outcome)
         for rel, data in outcome.after.items():
             self.work.put(rel, data, outcome.modes.get(rel))
@@ -392,6 +396,31 @@ class _Carrier:
             return outcome
         return replace(outcome, status=NEEDS_REVIEW, after=after,
                        reason="; ".join([*said, outcome.reason]))
+
+    def _repeats(self, patch: Patch, outcome: _Outcome,
+                 ours: dict[str, bytes | None]) -> _Outcome:
+        """What was carried, without a case or an enumerator of the patch's that the target
+        has in that switch or enum already (portkit.follow.repeats: twice, the file would
+        not compile). Not what `git am -3` writes, so for review, saying so."""
+        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW, RELOCATED) \
+                or not outcome.after:
+            return outcome
+        after = dict(outcome.after)
+        said = []
+        for f in patch.files:
+            data, new = after.get(f.path), ours.get(f.path)
+            if data is None or new is None:
+                continue
+            after[f.path], notes = repeated(new, data, (line for h in f.hunks
+                                                        for line in h.added))
+            said += [(f.path, note) for note in notes]
+        if not said:
+            return outcome
+        return replace(outcome, status=NEEDS_REVIEW, after=after,
+                       reason="; ".join([*(f"{rel}: {note}" for rel, note in said),
+                                         outcome.reason]),
+                       doubt=None if outcome.doubt is None else (
+                           *outcome.doubt, *dict.fromkeys(rel for rel, _ in said)))
 
     def _there_already(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
                        base: dict[str, bytes | None]) -> _Outcome:

@@ -1,0 +1,188 @@
+"""Labels a carried patch would repeat: a `case X:` a switch has already, an enumerator its enum
+has already.
+
+A fork's patch adds support for something (a model architecture: an enumerator, a `case` in
+each switch over the enum) that upstream later added itself. Where the lines around moved,
+git's merge takes the patch's lines as well as upstream's, and the file then has `case
+LLM_ARCH_GEMMA3:` twice in one switch, or `LLM_ARCH_GEMMA3` twice in one enum: a program that
+does not compile. That is evidence in the text itself, not a guess from names. Where the
+patch's repeat has no code of its own (a stub case, `{ } break;`, or only lines upstream's
+case has too; an enumerator with no value, or upstream's), it is left out: upstream's stays,
+as a maintainer keeps it. Where it has code of its own (the fork's implementation against
+upstream's), it stays as text carried it, and the note says the two must become one.
+
+Only a whole label the carry added (every line of the case - its label and its statements -
+or the enumerator's line is new against the target) and whose twin was in the target before
+is looked at; labels inside a preprocessor conditional are not compared (either branch may be
+compiled), and nothing is touched in a file tree-sitter cannot read whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from difflib import SequenceMatcher
+from functools import cache
+
+from tree_sitter import Node, Parser
+
+from portkit.index import _language
+
+
+@cache
+def _parser() -> Parser:
+    return Parser(_language())
+
+
+def _new_lines(ours: list[bytes], result: list[bytes]) -> set[int]:
+    """Indexes (0-based) of `result`'s lines that are not `ours`' (what the carry added)."""
+    new: set[int] = set()
+    matcher = SequenceMatcher(None, ours, result, autojunk=False)
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag in ("insert", "replace"):
+            new.update(range(j1, j2))
+    return new
+
+
+def _squash(text: bytes) -> bytes:
+    return b" ".join(text.split())
+
+
+def _whole_lines(src: bytes, node: Node) -> bool:
+    """Whether `node` stands on lines of its own (only blanks, a comma or a comment beside)."""
+    start = src.rfind(b"\n", 0, node.start_byte) + 1
+    end = src.find(b"\n", node.end_byte)
+    end = len(src) if end < 0 else end
+    before, after = src[start:node.start_byte], src[node.end_byte:end].strip()
+    return not before.strip() and (not after or after in (b",",) or after.startswith(
+        (b"//", b",//", b", //")))
+
+
+def _groups(root: Node, src: bytes) -> dict[tuple[str, bytes, int], list[Node]]:
+    """Each switch's cases and each enum's enumerators, by the container's identity: its
+    kind, what it is (the enclosing function and the switch's condition; the enum's name)
+    and which of the containers so named it is."""
+    found: dict[tuple[str, bytes, int], list[Node]] = {}
+    seen: dict[tuple[str, bytes], int] = defaultdict(int)
+    stack: list[tuple[Node, bytes]] = [(root, b"")]
+    while stack:
+        node, where = stack.pop()
+        if node.type == "function_definition":
+            decl = node.child_by_field_name("declarator")
+            where = _squash(src[decl.start_byte:decl.end_byte]) if decl is not None else b""
+        members: list[Node] | None = None
+        if node.type == "switch_statement":
+            body, cond = node.child_by_field_name("body"), node.child_by_field_name("condition")
+            if body is not None and cond is not None:
+                kind, what = "case", where + b" " + _squash(src[cond.start_byte:cond.end_byte])
+                members = [c for c in body.named_children if c.type == "case_statement"]
+        elif node.type == "enumerator_list":
+            name = node.parent.child_by_field_name("name") if node.parent is not None else None
+            kind, what = "enumerator", b"" if name is None else src[name.start_byte:name.end_byte]
+            members = [c for c in node.named_children if c.type == "enumerator"]
+        if members is not None:
+            found[(kind, what, seen[(kind, what)])] = members
+            seen[(kind, what)] += 1
+        stack.extend((child, where) for child in reversed(node.named_children))
+    return found
+
+
+_TRIVIAL = {b"", b"{", b"}", b"break;", b"} break;", b"{ } break;", b","}
+
+
+def _after_label(kind: str, node: Node, src: bytes) -> bytes:
+    """A case's statements (what follows `case X:`), an enumerator's value (what follows
+    its name)."""
+    field = node.child_by_field_name("value" if kind == "case" else "name")
+    rest = src[field.end_byte if field is not None else node.start_byte:node.end_byte]
+    return rest.lstrip()[1:] if kind == "case" else rest
+
+
+def _own_code(kind: str, mine: bytes, upstream: bytes) -> bool:
+    """Whether the patch's repeat says something upstream's twin does not: a case with a
+    statement upstream's case lacks, an enumerator with a value of its own."""
+    if kind == "enumerator":
+        return bool(mine.strip()) and _squash(mine) != _squash(upstream)
+    theirs = {_squash(line) for line in upstream.splitlines()}
+    return any(_squash(line) not in _TRIVIAL and _squash(line) not in theirs
+               for line in mine.splitlines())
+
+
+def _key(kind: str, node: Node, src: bytes) -> bytes | None:
+    field = node.child_by_field_name("value" if kind == "case" else "name")
+    return None if field is None else _squash(src[field.start_byte:field.end_byte])
+
+
+_CASE = re.compile(rb"^\s*case\s+([^:]+?)\s*:")
+_ENUMERATOR = re.compile(rb"^\s*([A-Za-z_]\w*)\s*(?:=[^,]*)?,?\s*(?://.*)?$")
+
+
+def _candidates(ours: bytes, added: Iterable[str]) -> bool:
+    """Whether a line the patch adds is a case or an enumerator the target has already (a
+    cheap test: tree-sitter reads the file only then)."""
+    for text in added:
+        line = text.rstrip("\r\n").encode("utf-8", "surrogateescape")
+        case = _CASE.match(line)
+        if case and re.search(rb"\bcase\s+" + re.escape(case.group(1)) + rb"\s*:", ours):
+            return True
+        enumerator = _ENUMERATOR.match(line)
+        if enumerator and re.search(rb"(?m)^\s*" + re.escape(enumerator.group(1))
+                                    + rb"\s*[=,}\n]", ours):
+            return True
+    return False
+
+
+def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, list[str]]:
+    """`result` (the target's file `ours` with a patch carried; `added`: the lines the patch
+    adds to it) without the cases and enumerators the carry added that repeat one the target
+    has in the same switch or enum, and a note for each, e.g. "case LLM_ARCH_GEMMA3 is in that
+    switch already (line 961)..."."""
+    if not _candidates(ours, added):
+        return result, []
+    tree, before = _parser().parse(result), _parser().parse(ours)
+    if tree.root_node.has_error or before.root_node.has_error:
+        return result, []
+    had = _groups(before.root_node, ours)
+    lines = result.splitlines(keepends=True)
+    new: set[int] | None = None  # the lines the carry added, read only when texts tie
+    drop: set[int] = set()
+    said: list[tuple[str, int, bool]] = []
+    for ident, members in _groups(tree.root_node, result).items():
+        kind = ident[0]
+        by_key: dict[bytes, list[Node]] = defaultdict(list)
+        for member in members:
+            key = _key(kind, member, result)
+            if key is not None:
+                by_key[key].append(member)
+        old = Counter(_squash(ours[m.start_byte:m.end_byte]) for m in had.get(ident, ())
+                      if _key(kind, m, ours) is not None)
+        for key, twins in by_key.items():
+            theirs = [m for m in had.get(ident, ()) if _key(kind, m, ours) == key]
+            if len(twins) < 2 or len(theirs) != 1:
+                continue  # no repeat, or not one of the target's to keep
+            texts = [_squash(result[m.start_byte:m.end_byte]) for m in twins]
+            mine = [m for m, text in zip(twins, texts, strict=True) if not old[text]]
+            if not mine and len(set(texts)) == 1:  # the same text twice: the line diff says
+                if new is None:
+                    new = _new_lines(ours.splitlines(keepends=True), lines)
+                mine = [m for m in twins if set(range(m.start_point[0],
+                                                      m.end_point[0] + 1)) <= new]
+            if len(mine) != len(twins) - 1 or not all(_whole_lines(result, m) for m in mine):
+                continue
+            [target] = [m for m in twins if m not in mine]
+            own = [m for m in mine if _own_code(kind, _after_label(kind, m, result),
+                                                _after_label(kind, target, result))]
+            for m in mine:
+                if m not in own:
+                    drop.update(range(m.start_point[0], m.end_point[0] + 1))
+            label = f"case {key.decode(errors='replace')}" if kind == "case" \
+                else key.decode(errors="replace")
+            said.append((f"{label} is in that {'switch' if kind == 'case' else 'enum'} "
+                         "already", target.start_point[0], bool(own)))
+    notes = [f"{what} (line {row + 1 - sum(1 for d in drop if d < row)}): " + (
+             "the patch's, in its own form, carried beside it: twice, it does not compile "
+             "(the two must become one)" if own else
+             "the patch's, a second one, left out (it would not compile)")
+             for what, row, own in said]
+    return b"".join(line for k, line in enumerate(lines) if k not in drop), notes
