@@ -283,6 +283,22 @@ def test_saved_report_renders_again_with_the_same_exit_code(fixture_tree, tmp_pa
     assert markdown.startswith("#") and "conflict" in markdown
 
 
+@pytest.mark.parametrize("fail_on", ["fuzz", "relocated", "conflict", "semantic", "dropped"])
+def test_fail_on_takes_the_values_help_and_the_docs_name(fixture_tree, tmp_path, fail_on):
+    """`--fail-on fuzz` as --help's example and docs/drift-ci.md write it (lowercase, the
+    statuses' own words), and --help lists those words."""
+    old = fixture_tree("old")
+    series = tmp_path / "series"
+    write_series(render(detect(old), "kv-rotation"), series)
+    code, out = _drift_cli("--series", str(series), "--base", str(old), "--tree",
+                           str(fixture_tree("renamed")), "--format", "json", "--fail-on",
+                           fail_on)
+    assert code in (0, dm.ATTENTION_EXIT), out
+    assert dm.DriftReport.from_json(out).targets
+    shown = CliRunner().invoke(cli, ["drift", "--help"]).stdout
+    assert "[conflict|semantic|relocated|fuzz|dropped|never]" in " ".join(shown.split())
+
+
 # -- present upstream under another name (synthetic trees) ---------------------------------
 
 PER_SEQ = """\

@@ -48,7 +48,7 @@ def _target(spec: str) -> Tree:
               show_default=True)
 @click.option("--output", type=click.Path(path_type=Path),
               help="Write the report here instead of standard output.")
-@click.option("--fail-on", "fail_on", multiple=True, type=click.Choice(dm.FAIL_ON_CHOICES),
+@click.option("--fail-on", "fail_on", multiple=True, type=click.Choice([str(c) for c in dm.FAIL_ON_CHOICES]),
               help="Which patches make the exit code 20 (repeatable; default: conflict and "
                    "semantic). relocated and fuzz include what is worse.")
 @click.option("--from-json", "saved", type=click.Path(path_type=Path, dir_okay=False),
