@@ -314,6 +314,58 @@ def test_drift_output_is_written_by_rename(drift_job, tmp_path):
     assert sorted(p.name for p in output.parent.iterdir()) == ["drift.md"]
 
 
+@pytest.mark.parametrize("into", ["target", "base", "series", "here"])
+def test_rebase_out_never_goes_into_an_input_and_fails_before_the_run(drift_job, tmp_path,
+                                                                      monkeypatch, into):
+    """--out inside the onto tree, the base tree or the series (which rebase promises never
+    to modify), or the current folder itself: refused at once, nothing written anywhere."""
+    folder, base, target = drift_job
+    out = {"target": target / "outx", "base": base / "outx", "series": folder / "outx",
+           "here": Path(".")}[into]
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")  # an empty folder, named as "."
+    before = tree_bytes(folder), tree_bytes(base), tree_bytes(target)
+    result = invoke("rebase", "--series", str(folder), "--base", str(base), "--onto",
+                    str(target), "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert ("an input of this rebase" if into != "here" else "is the current folder") in \
+        one_line(result)
+    assert (tree_bytes(folder), tree_bytes(base), tree_bytes(target)) == before
+    assert not list((tmp_path / "empty").iterdir()) and (into == "here" or not out.exists())
+
+
+def test_rebase_dry_run_with_a_series_writes_nothing(drift_job, tmp_path):
+    folder, base, target = drift_job
+    out = tmp_path / "out"
+    for extra in (["--out", str(out)], []):
+        result = invoke("rebase", "--series", str(folder), "--base", str(base), "--onto",
+                        str(target), *extra, "--dry-run", "--format", "json")
+        assert result.exit_code in (0, 20), result.output
+        assert json.loads(result.stdout)["patches"][0]["file"] == "0001-one.patch"
+        assert not out.exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_rebase_out_is_made_as_any_folder_there(drift_job, tmp_path):
+    """--out gets the mode the umask gives a new folder (not a private temporary folder's
+    0700); an empty --out given keeps its own mode."""
+    folder, base, target = drift_job
+    old = os.umask(0o022)
+    try:
+        fresh, given = tmp_path / "fresh", tmp_path / "given"
+        given.mkdir()
+        given.chmod(0o2775)
+        for out in (fresh, given):
+            result = invoke("rebase", "--series", str(folder), "--base", str(base), "--onto",
+                            str(target), "--out", str(out))
+            assert result.exit_code in (0, 20), result.output
+        assert fresh.stat().st_mode & 0o7777 == 0o755
+        assert given.stat().st_mode & 0o7777 == 0o2775
+        assert sorted(p.name for p in fresh.iterdir()) == ["0001-one.patch"]
+    finally:
+        os.umask(old)
+
+
 def test_git_refuses_what_portkit_refuses(tmp_path):
     """The spellings refused above are git's own: git apply refuses them as well."""
     subprocess.run(["git", "init", "-q", str(tmp_path / "r")], check=True)

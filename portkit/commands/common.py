@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
@@ -105,6 +105,17 @@ def fails_cleanly(fn: F) -> F:
                 exit_for(exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+def refuse_input(option: str, output: Path, inputs: Iterable[Path], what: str) -> None:
+    """An output never goes where it would change what it is made of: a file of the series,
+    anything in a target or base tree, a saved report; symbolic links followed to decide."""
+    where = output.resolve()
+    for given in inputs:
+        real = given.resolve()
+        if where.is_relative_to(real) if real.is_dir() else where == real:
+            raise UsageError(f"{option} {output} would write into {given}, an input of {what}; "
+                             f"write it somewhere else")
 
 
 def open_tree(path: Path) -> tree_mod.Tree:

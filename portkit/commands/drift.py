@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from portkit import tree as tree_mod
-from portkit.commands.common import fails_cleanly, open_tree
+from portkit.commands.common import fails_cleanly, open_tree, refuse_input
 from portkit.drift import formats as drift_formats
 from portkit.drift import model as dm
 from portkit.drift.classify import drift
@@ -48,7 +48,8 @@ def _target(spec: str) -> Tree:
               show_default=True)
 @click.option("--output", type=click.Path(path_type=Path),
               help="Write the report here instead of standard output.")
-@click.option("--fail-on", "fail_on", multiple=True, type=click.Choice([str(c) for c in dm.FAIL_ON_CHOICES]),
+@click.option("--fail-on", "fail_on", multiple=True,
+              type=click.Choice([str(c) for c in dm.FAIL_ON_CHOICES]),
               help="Which patches make the exit code 20 (repeatable; default: conflict and "
                    "semantic). relocated and fuzz include what is worse.")
 @click.option("--from-json", "saved", type=click.Path(path_type=Path, dir_okay=False),
@@ -89,26 +90,15 @@ def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | Non
         inputs += [job.series.folder, *(t.root for _, t in job.targets)]
         inputs += [job.base.root] if job.base is not None else []
         if output is not None:
-            _refuse_input(output, inputs)  # before the analysis: fail fast
+            refuse_input("--output", output, inputs, "this report")  # before the analysis
         report = _with_unreadable(drift(job, fork), job.series)
     rendered = drift_formats.render(report, fmt, chosen)
     if output is not None:
-        _refuse_input(output, inputs)
+        refuse_input("--output", output, inputs, "this report")
         _write_atomically(output, rendered if rendered.endswith("\n") else rendered + "\n")
     else:
         click.echo(rendered, nl=not rendered.endswith("\n"))
     sys.exit(dm.exit_code(report, chosen))
-
-
-def _refuse_input(output: Path, inputs: list[Path]) -> None:
-    """--output never replaces what the report is made of: a file of the series, anything in
-    a target or base tree, the saved report; symbolic links followed to decide."""
-    where = output.resolve()
-    for given in inputs:
-        real = given.resolve()
-        if where.is_relative_to(real) if real.is_dir() else where == real:
-            raise UsageError(f"--output {output} would overwrite {given}, an input of this "
-                             f"report; write it somewhere else")
 
 
 def _write_atomically(output: Path, text: str) -> None:

@@ -9,7 +9,7 @@ import click
 
 from portkit import rebase as rebase_mod
 from portkit import tree as tree_mod
-from portkit.commands.common import fails_cleanly, open_tree
+from portkit.commands.common import fails_cleanly, open_tree, refuse_input
 from portkit.errors import UsageError
 from portkit.series import read_series
 from portkit.transaction import note_complete
@@ -43,7 +43,8 @@ def _tree(spec: str) -> Tree:
 @click.option("--compile", "compile_check", is_flag=True,
               help="Compile the target's translation units the series touches, with and "
                    "without it; a patch whose lines fail to compile needs review.")
-@click.option("--dry-run", is_flag=True, help="In a fork: show the plan, change nothing.")
+@click.option("--dry-run", is_flag=True, help="Show the report (in a fork: the plan), write "
+              "nothing; with --series, --out is then optional.")
 @fails_cleanly
 def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str | None,
                fork_path: Path, fmt: str, compile_check: bool, dry_run: bool) -> None:
@@ -66,19 +67,26 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
     one transaction, and not at all while a patch needs a human. Exits 20 when a patch needs
     a human or a review, 0 when none does.
     """
-    target = _tree(onto)
     if series_dir is not None:
-        if out is None or base is None:
+        if (out is None and not dry_run) or base is None:
             raise UsageError("with --series, give --out DIR (where the carried series goes) "
                              "and --base TREE (what the series was written against)")
+        if out is not None:  # before the run: fail fast
+            refuse_input("--out", out, [p for p in (series_dir, Path(base), Path(onto))
+                                        if p.exists()], "this rebase")
+            rebase_mod.check_out(out)
+    target = _tree(onto)
+    if series_dir is not None:
+        assert base is not None
         rebased = rebase_mod.rebase(
             read_series(series_dir, lenient=True), target,
             base=_tree(rebase_mod.base_spec(base, Path(onto) if Path(onto).is_dir() else None)),
             series_label=str(series_dir), target_label=onto)
         if compile_check:
             rebased = rebase_mod.compile_check(rebased, target)
-        rebase_mod.write_rebased(rebased, out)
-        note_complete()  # --out is there: an interrupt from now on says so
+        if out is not None and not dry_run:
+            rebase_mod.write_rebased(rebased, out)
+            note_complete()  # --out is there: an interrupt from now on says so
         click.echo(rebase_mod.render(rebased.report, fmt), nl=False)
         sys.exit(rebased.report.exit_code)
     if out is not None:

@@ -59,11 +59,11 @@ from portkit.rebase.report import (
     RebaseReport,
     render,
 )
-from portkit.rebase.run import base_spec, rebase, write_rebased
+from portkit.rebase.run import base_spec, check_out, rebase, write_rebased
 
 __all__ = ["ATTENTION", "ATTENTION_EXIT", "CONFLICTS", "DROPPED", "FILTER", "FORMATS", "MERGED",
            "NEEDS_HUMAN", "NEEDS_REVIEW", "RELOCATED", "SCHEMA", "STATUSES", "UNCHANGED",
            "CompileError", "ForkMove", "Rebased", "RebasedPatch", "RebaseReport", "Rule",
            "base_spec", "compile_check", "compile_errors", "deleted", "fork_state",
            "move_fork", "plan_fork", "read_filter", "rebase", "refuse_self_target", "render",
-           "sent", "write_rebased"]
+           "check_out", "sent", "write_rebased"]

@@ -6,6 +6,7 @@ style with git's diff of what it does on the target, and written to --out all at
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -150,14 +151,31 @@ def _scratch(prefix: str) -> Iterator[Path]:
         yield Path(tmp)
 
 
+def check_out(out: Path) -> None:
+    """--out must be absent or an empty folder (checked before a run, and again at its end)."""
+    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+        raise UsageError(f"--out {out} exists and is not an empty folder")
+    if out.resolve() == Path.cwd().resolve():
+        raise UsageError(f"--out {out} is the current folder: name a folder to create")
+
+
 def write_rebased(rebased: Rebased, out: Path) -> None:
     """Write the carried series and the side files to `out` (absent or empty) all at once:
-    they are made in a hidden sibling and renamed into place."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out} exists and is not an empty folder")
+    they are made in a hidden sibling and renamed into place, with the mode a folder made
+    there gets (an empty `out` keeps its own)."""
+    check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.portkit-"))
+    kept = out.stat().st_mode & 0o7777 if out.exists() else None
+    while True:  # a fresh hidden sibling, made as any folder there is (the umask applies)
+        tmp = out.parent / f".{out.name}.portkit-{secrets.token_hex(6)}"
+        try:
+            tmp.mkdir()
+            break
+        except FileExistsError:
+            continue
     try:
+        if kept is not None:
+            os.chmod(tmp, kept)
         for rel, data in rebased.files().items():
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
