@@ -47,16 +47,13 @@ def run(
     name = command_name(argv)
     try:
         with subprocess.Popen(
-            # bytes that are not UTF-8 (a patch's Latin-1 line, a path) come through as they
-            # are: surrogateescape, as portkit reads every patch
-            argv, cwd=cwd, env=env, text=True, errors="surrogateescape",
-            stdin=subprocess.DEVNULL,
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
         ) as child:
             try:
                 checkpoint(f"run:{name}")
-                stdout, stderr = child.communicate()
+                out, err = child.communicate()
             except BaseException:
                 child.kill()  # an interrupt ends the child too
                 raise
@@ -64,10 +61,18 @@ def run(
         if Path(argv[0]).name == "git":
             raise GitMissing("git not found: install git, or put it on PATH") from exc
         raise ToolMissing(f"command not found: {argv[0]}") from exc
-    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+    # Bytes as the program wrote them: a CR stays a CR (a CRLF file's diff is a diff of CRLF
+    # lines; text mode's universal newlines would drop them), and bytes that are not UTF-8
+    # (a patch's Latin-1 line, a path) come through as they are (surrogateescape, as
+    # portkit reads every patch).
+    proc = subprocess.CompletedProcess(argv, child.returncode, _text(out), _text(err))
     if check and proc.returncode != 0:
         raise ToolFailed(f"{name} failed (exit {proc.returncode}): {last_line(proc)}")
     return proc
+
+
+def _text(data: bytes | None) -> str:
+    return "" if data is None else data.decode("utf-8", "surrogateescape")
 
 
 def command_name(argv: list[str]) -> str:

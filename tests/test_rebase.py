@@ -1299,3 +1299,20 @@ def test_a_case_upstream_added_too_is_not_carried_a_second_time(tmp_path):
     assert "src/arch.cpp: case LLM_ARCH_GEMMA3 is in that switch already (line 13): the " \
         "patch's, a second one, left out (it would not compile)" in case_row.reason
     assert enum_row.status == rb.DROPPED, enum_row.reason
+
+
+def test_a_patch_to_a_file_with_crlf_lines_keeps_them(tmp_path):
+    """A file written with CRLF line ends (a Windows-only source, a .bat): the carried
+    patch's lines keep their CRs, so that it applies with git apply as the original did."""
+    crlf = "int a;\r\nint b;\r\nint c;\r\nint d;\r\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/w.cpp": crlf}, {**BASE, "src/w.cpp": crlf + "// up\r\n"},
+        [("w: patched", {"src/w.cpp": ("int b;\r\n", "int b; // patched\r\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.UNCHANGED, row.reason
+    (patch,) = done.series.patches
+    assert b"+int b; // patched\r\n" in patch.data and b" int a;\r\n" in patch.data
+    carried = git_apply(read(target, ["src/w.cpp"]), [patch], tmp_path / "applied")
+    assert carried["src/w.cpp"] == (crlf + "// up\r\n").replace(
+        "int b;\r\n", "int b; // patched\r\n").encode()
