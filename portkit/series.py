@@ -1126,7 +1126,7 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
                 else:
                     path.write_bytes(data)
                     path.chmod(0o755 if mode == EXECUTABLE else 0o644)
-        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff",
+        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--binary",
                 f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
                 "-M" if renames else "--no-renames", "a", "b"]
         done = git(args, cwd=root, check=False, ceiling=root)

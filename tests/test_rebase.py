@@ -1316,3 +1316,23 @@ def test_a_patch_to_a_file_with_crlf_lines_keeps_them(tmp_path):
     carried = git_apply(read(target, ["src/w.cpp"]), [patch], tmp_path / "applied")
     assert carried["src/w.cpp"] == (crlf + "// up\r\n").replace(
         "int b;\r\n", "int b; // patched\r\n").encode()
+
+
+def test_a_binary_file_the_series_adds_is_carried_with_its_data(tmp_path):
+    """git format-patch writes a binary file as a `GIT binary patch`: the carried patch
+    keeps the data (git's --binary), so that git apply makes the file, byte for byte."""
+    blob = bytes(range(256)) * 3
+    base, target, folder = project(tmp_path, BASE, TARGET, [])
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("add a blob\n\nWhy: a model file.", {"models/blob.bin": blob},
+                author="Fork Maintainer <fork@example.org>")
+    shutil.rmtree(folder)
+    repo.format_patch(folder, *OLLAMA_OPTIONS)
+    (patch,) = read_series(folder).patches
+    assert b"GIT binary patch" in patch.data
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    (carried,) = done.series.patches
+    assert b"GIT binary patch" in carried.data, carried.data
+    made = git_apply({}, [carried], tmp_path / "applied")
+    assert made["models/blob.bin"] == blob, row

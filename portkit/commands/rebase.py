@@ -33,9 +33,9 @@ def _tree(spec: str) -> Tree:
               help="With --series: a new (or empty) folder for the carried series and, under "
                    "needs-human/, each patch a human must carry, with both sides.")
 @click.option("--base", metavar="TREE",
-              help="The tree the series was written against (a tree spec, or a commit of a "
-                   "git target's repository). Default in a fork: its vendored tree with the "
-                   "series taken out.")
+              help="The tree the series was written against (a tree spec, or a commit of "
+                   "the repository when --onto is a local git checkout). Default in a fork: "
+                   "its vendored tree with the series taken out.")
 @click.option("--fork", "fork_path", type=click.Path(path_type=Path), default=Path("."),
               show_default=True, help="The ollama-style fork to move (without --series).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
@@ -58,10 +58,12 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
     \b
     Each patch, in order, on top of those carried: unchanged (applies, line numbers
     refreshed), merged (a 3-way merge gives a clean result), relocated (its code moved or was
-    renamed: re-expressed there), dropped (upstream has it: says where), needs-human (nothing
-    is safe: left out, with a side file), needs-review (carried, but a symbol it uses changed,
-    or it does not compile). The carried series keeps each patch's mail and the series' own
-    format, and applies with plain `git apply`. The source series and trees are never
+    renamed: re-expressed there), dropped (upstream has it: says where), needs-human (no safe
+    carry: left out, or carried only in the files later patches need, the rest in a side file
+    needs-human/<patch>.conflict; a patch that cannot be read is kept as it was),
+    needs-review (carried, but a symbol it uses changed, a guess placed it, or it does not
+    compile). The carried series keeps each patch's mail and the series' own format, and
+    applies with plain `git apply`. The source series and trees are never
     modified; --out is written only when the run is done. In a fork, the new pin, the
     vendored files (by the fork's .rsync-filter rules) and the carried series are written in
     one transaction, and not at all while a patch needs a human. Exits 20 when a patch needs
