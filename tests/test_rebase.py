@@ -1336,3 +1336,30 @@ def test_a_binary_file_the_series_adds_is_carried_with_its_data(tmp_path):
     assert b"GIT binary patch" in carried.data, carried.data
     made = git_apply({}, [carried], tmp_path / "applied")
     assert made["models/blob.bin"] == blob, row
+
+
+def test_a_file_the_patch_renames_and_upstream_edited_is_one_merge(tmp_path):
+    """The patch renames ren.cpp to renamed.cpp and edits a line; upstream added a line to
+    ren.cpp, so that git apply refuses the patch. As git am -3's rename detection does: the
+    target's ren.cpp, the base's and the patch's renamed.cpp merged, the result under the new
+    name, and ren.cpp gone - written as a rename."""
+    text = "one\ntwo\nthree\nfour\nfive\n"
+    base, target, folder = project(tmp_path, {**BASE, "src/ren.cpp": text},
+                                   {**BASE, "src/ren.cpp": "zero\n" + text}, [])
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("ren: renamed\n\nWhy: a better name.",
+                {"src/ren.cpp": None, "src/renamed.cpp": text.replace("three", "THREE").encode()},
+                author="Fork Maintainer <fork@example.org>")
+    shutil.rmtree(folder)
+    repo.format_patch(folder, *OLLAMA_OPTIONS)
+    (patch,) = read_series(folder).patches
+    assert "rename from src/ren.cpp" in patch.diff
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.MERGED, row.reason
+    assert "src/ren.cpp renamed to src/renamed.cpp, with what upstream changed in it" in row.reason
+    (carried,) = done.series.patches
+    assert "rename from src/ren.cpp\nrename to src/renamed.cpp\n" in carried.diff
+    made = git_apply(read(target, ["src/ren.cpp"]), [carried], tmp_path / "applied")
+    assert made == {"src/ren.cpp": None,
+                    "src/renamed.cpp": ("zero\n" + text.replace("three", "THREE")).encode()}

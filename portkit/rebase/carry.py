@@ -567,9 +567,25 @@ class _Carrier:
         failed: list[str] = []
         said: list[str] = []
         review: list[str] = []
+        # A file the patch renames (and edits) is one merge, as git's rename detection makes
+        # it: the target's old file, the base's old file and the patch's new one; the result
+        # goes to the new name, and the old one is gone.
+        renames = {f.new_path: f.old_path for f in patch.files
+                   if f.old_path and f.new_path and f.old_path != f.new_path
+                   and ours.get(f.new_path) is None and ours.get(f.old_path) is not None
+                   and before_base.get(f.old_path) is not None
+                   and theirs.get(f.old_path) is None and theirs.get(f.new_path) is not None}
         for rel in patch.paths:
+            if rel in renames.values():
+                continue  # made with its new name
             o, b, t = ours[rel], before_base[rel], theirs[rel]
             home = rel
+            if rel in renames:
+                gone = renames[rel]
+                o, b = ours[gone], before_base[gone]
+                ours_modes[rel] = ours_modes.get(gone, REGULAR)
+                if o != b:
+                    said.append(f"{gone} renamed to {rel}, with what upstream changed in it")
             if o is None and b is not None and b != t:
                 moved = self.moved(rel, b)
                 if moved is not None:
@@ -642,7 +658,11 @@ class _Carrier:
                                   f"patch changes ({merged.settled.count(LAYOUT)}x): merged "
                                   "with blanks ignored (git merge -Xignore-all-space), "
                                   "upstream's lines as upstream spaced them")
-            if result != o or (result is not None and mode != ours_modes.get(home)):
+            if rel in renames:
+                after[renames[rel]] = None
+                after[home] = result
+                modes[home] = mode
+            elif result != o or (result is not None and mode != ours_modes.get(home)):
                 after[home] = result
                 modes[home] = mode
         if conflicts:
