@@ -196,6 +196,14 @@ class Patch:
         return self.data.decode("utf-8", "surrogateescape")
 
     @property
+    def lf_data(self) -> bytes:
+        """The file as git am reads it: a mail whose every line ends in CRLF (as a mail
+        client saved it) with LF line ends; any other file byte for byte."""
+        if not self.crlf:
+            return self.data
+        return (self.header + self.diff + self.trailer).encode("utf-8", "surrogateescape")
+
+    @property
     def is_mail(self) -> bool:
         return self.author is not None or self.commit is not None
 

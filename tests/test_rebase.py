@@ -1363,3 +1363,21 @@ def test_a_file_the_patch_renames_and_upstream_edited_is_one_merge(tmp_path):
     made = git_apply(read(target, ["src/ren.cpp"]), [carried], tmp_path / "applied")
     assert made == {"src/ren.cpp": None,
                     "src/renamed.cpp": ("zero\n" + text.replace("three", "THREE")).encode()}
+
+
+def test_a_mail_saved_with_crlf_line_ends_is_carried_as_the_same_mail_with_lf(small, tmp_path):
+    """A series whose mails a mail client saved with CRLF line ends (every line): git am
+    reads them as LF mails, and so does the carry: the same verdicts and, but for the CRs
+    the series' own files keep, the same carried patches."""
+    base, target, folder = small
+    crlf = tmp_path / "crlf-series"
+    crlf.mkdir()
+    for path in sorted(folder.glob("*.patch")):
+        (crlf / path.name).write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    lf_done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    crlf_done = rb.rebase(read_series(crlf), detect(target), base=detect(base))
+    assert [(r.status, r.reason) for r in crlf_done.report.patches] == \
+        [(r.status, r.reason) for r in lf_done.report.patches]
+    assert [p.data.replace(b"\r\n", b"\n") for p in crlf_done.series.patches] == \
+        [p.data for p in lf_done.series.patches]
+    assert all(p.data.count(b"\n") == p.data.count(b"\r\n") for p in crlf_done.series.patches)

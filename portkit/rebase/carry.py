@@ -235,7 +235,7 @@ class _Carrier:
         self.base_modes = {rel: self.base.mode(rel) for rel in patch.paths}
         # The base takes the whole series as it is: git apply, as it was written there.
         theirs: dict[str, bytes | None] | None = None
-        if git_apply(self.base.root, patch.data, self.room, patch.strip):
+        if git_apply(self.base.root, patch.lf_data, self.room, patch.strip):
             for rel in patch.paths:
                 self.base.files[rel] = self.base.original(rel, here=True)
                 self.base.modes[rel] = self.base.original_mode(rel, here=True)
@@ -555,7 +555,7 @@ class _Carrier:
         ours = {rel: self.work.get(rel) for rel in patch.paths}
         ours_modes = {rel: self.work.mode(rel) for rel in patch.paths}
         lay_down(room, ours, ours_modes)
-        offsets = git_apply_at(room, patch.data, self.room, patch.strip)
+        offsets = git_apply_at(room, patch.lf_data, self.room, patch.strip)
         if offsets is not None:
             return self._applied(patch, room, ours, ours_modes, offsets)
         if theirs is None:
@@ -705,7 +705,7 @@ class _Carrier:
         section without text is never taken for one that is there)."""
         if not patch.hunks or any(f.text_free for f in patch.files):
             return False
-        return git_apply_at(room, patch.data, self.room, patch.strip, reverse=True,
+        return git_apply_at(room, patch.lf_data, self.room, patch.strip, reverse=True,
                             check=True) is not None
 
     def _landings(self, patch: Patch, offsets: dict[tuple[str, int], int]) -> list[str]:
