@@ -423,6 +423,10 @@ def _quilt_entries(listing: Path, data: bytes, lenient: bool) -> list[tuple[str,
     return entries
 
 
+# The line git format-patch starts each mail with (an mbox's separator).
+_MBOX_FROM = re.compile(r"From [0-9a-f]{40} Mon Sep 17 00:00:00 2001\n?\Z")
+
+
 def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = None) -> Patch:
     """One patch file: a format-patch mail, or a plain diff with an optional preamble."""
     where = where or name
@@ -434,6 +438,10 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
     if crlf:
         text = text.replace("\r\n", "\n")
     lines = _lines(text)
+    mails = sum(1 for line in lines if _MBOX_FROM.match(line))
+    if mails > 1:  # git format-patch --stdout: one file, several commits
+        raise UnreadablePatch(f"{where}: {mails} mails in one file (split it into one file "
+                              "a mail, e.g. with git mailsplit)")
     start = _diff_start(lines)
     if start is None:
         raise UnreadablePatch(f"{where}: no diff in it (not a patch)")

@@ -1381,3 +1381,18 @@ def test_a_mail_saved_with_crlf_line_ends_is_carried_as_the_same_mail_with_lf(sm
     assert [p.data.replace(b"\r\n", b"\n") for p in crlf_done.series.patches] == \
         [p.data for p in lf_done.series.patches]
     assert all(p.data.count(b"\n") == p.data.count(b"\r\n") for p in crlf_done.series.patches)
+
+
+def test_a_file_holding_several_mails_is_that_files_verdict(small, tmp_path):
+    """git format-patch --stdout writes a series into one file: read as one patch, its
+    second commit's mail would be lost. It is that file's verdict (needs-human, kept as it
+    was, saying how to split it); the other patches are carried."""
+    base, target, folder = small
+    first, second, *rest = sorted(folder.glob("*.patch"))
+    first.write_bytes(first.read_bytes() + second.read_bytes())
+    second.unlink()
+    done = rb.rebase(read_series(folder, lenient=True), detect(target), base=detect(base))
+    row = done.report.patches[0]
+    assert row.status == rb.NEEDS_HUMAN and "2 mails in one file (split it" in row.reason, row
+    assert done.files()[first.name] == first.read_bytes()  # kept for the human as it was
+    assert len(done.report.patches) == 1 + len(rest)
