@@ -465,8 +465,14 @@ class _Run:
         fatal = _fatal(lines)
         results, doubled = [], []
         last_offset = 0  # GNU patch looks for a hunk where the one before it landed
+        # a deletion whose lines GNU patch took out, but not the file: it has more than the
+        # patch deletes (upstream added to it), and neither GNU patch nor git deletes it
+        kept = (f.status == ("created" if self.reverse else "deleted")) and any(
+            line.startswith("Not deleting file") for line in lines)
         for number, hunk in enumerate(hunks, 1):
             verdict = verdicts.get(number)
+            if kept and verdict is not None and verdict.word == "succeeded":
+                verdict = None
             start = hunk.new_start if self.reverse else hunk.old_start
             base = HunkResult(patch.name, f.path, hunk.index, hunk.old_start, FAILED, hunk=hunk)
             if verdict is not None and verdict.word == "succeeded":

@@ -242,6 +242,23 @@ def test_an_addition_already_upstream_is_not_added_twice(tmp_path):
     assert re.search(rb"succeeded at \d+ with fuzz", plain.stdout)  # GNU patch alone
 
 
+def test_deleting_a_file_upstream_added_to_fails(tmp_path):
+    """The patch deletes a file to which upstream has added a line: GNU patch takes the
+    patch's lines out but keeps the file ("Not deleting file ... as content differs"), and git
+    apply refuses: a failed hunk, saying so - not a clean one."""
+    old = b"keep\n"
+    patch = make_patch("delete", ("src/del.cpp", old, None))
+    tree = write_tree(tmp_path / "tree", {"src/del.cpp": old + b"upstream line\n"})
+    with apply_hunks([patch], tree) as result:
+        (hunk,) = result.hunks
+        assert hunk.status == FAILED
+        assert hunk.reason == "file differs from the one the patch deletes"
+    gone = write_tree(tmp_path / "same", {"src/del.cpp": old})
+    with apply_hunks([patch], gone) as result:
+        (hunk,) = result.hunks
+        assert hunk.status == CLEAN and result.files["src/del.cpp"] is None
+
+
 def test_a_failing_hunk_names_its_patch_file_and_place(drifted):
     patch = make_patch("two-hunks", (KV, b"".join(ORIGINAL), b"".join(edited(ORIGINAL, dict([
         change(2, 2, "    return 2000;\n"), change(15, 2, "    return 1500;\n")])))))
