@@ -294,6 +294,18 @@ def test_table_rows_fit_the_width_without_colour(report: DriftReport) -> None:
     assert wide[-1].startswith("5 patches: ")
 
 
+def test_table_into_a_pipe_or_a_ci_log_is_not_cut(report: DriftReport, monkeypatch) -> None:
+    """Nothing wraps a pipe or a CI log: without a terminal (and without COLUMNS) the rows
+    are whole, as wide as they need; COLUMNS, where set, is the width."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    whole = fmt.table(report, fail_on=DEFAULT_FAIL_ON, colour=False)
+    assert whole == fmt.table(report, fail_on=DEFAULT_FAIL_ON, width=400, colour=False)
+    assert "…" not in whole
+    monkeypatch.setenv("COLUMNS", "80")
+    assert fmt.table(report, fail_on=DEFAULT_FAIL_ON, colour=False) == fmt.table(
+        report, fail_on=DEFAULT_FAIL_ON, width=80, colour=False)
+
+
 def test_table_colours_only_when_asked_or_on_a_terminal(report: DriftReport) -> None:
     coloured = fmt.table(report, fail_on=DEFAULT_FAIL_ON, width=100, colour=True)
     assert "\x1b[31m" in coloured  # conflict in red

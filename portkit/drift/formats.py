@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 import sys
@@ -200,13 +201,16 @@ def _hunks_cell(p: PatchDrift) -> str:
 # Columns cut to fit a narrow terminal, in turn, each down to a floor: the reason first, then
 # the hunk counts, then the subject (it names the patch), then the rest of the reason.
 _SHRINK = ((4, 24), (3, 18), (1, 20), (4, 0))
+_UNCUT = 100_000
 
 
 def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
           colour: bool | None = None) -> str:
-    """Per target, one row per patch and a summary line. width defaults to the terminal's,
+    """Per target, one row per patch and a summary line. width defaults to the terminal's
+    (COLUMNS where set; not cut at all into a pipe or a CI log, where nothing wraps it),
     colour to whether stdout is a terminal."""
-    width = width or shutil.get_terminal_size().columns
+    width = width or (shutil.get_terminal_size().columns
+                      if sys.stdout.isatty() or os.environ.get("COLUMNS") else _UNCUT)
     colour = sys.stdout.isatty() if colour is None else colour
     blocks = []
     chosen = fail_on
