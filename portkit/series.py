@@ -358,8 +358,11 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
     else:
         series_file = None
         try:
+            # hidden files (an editor's, macOS's ._ files) are no patches of the series; a
+            # link to nothing is one that cannot be read, not a gap in the series
             entries = [(p.name, 1) for p in sorted(path.iterdir())
-                       if p.is_file() and p.suffix in PATCH_SUFFIXES]
+                       if p.suffix in PATCH_SUFFIXES and not p.name.startswith(".")
+                       and (p.is_file() or (p.is_symlink() and not p.exists()))]
         except OSError as exc:
             raise FileError(f"{path}: cannot list it ({exc.strerror})") from exc
         kind = "plain"
@@ -383,6 +386,8 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
 
 def _read_patch(folder: Path, name: str, strip: int) -> Patch:
     path = folder / name
+    if path.is_symlink() and not path.exists():
+        raise UnreadablePatch(f"{path}: a symbolic link to nothing")
     if not path.is_file():
         raise UnreadablePatch(f"{folder / 'series'}: {name} does not exist")
     try:

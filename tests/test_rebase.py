@@ -1396,3 +1396,18 @@ def test_a_file_holding_several_mails_is_that_files_verdict(small, tmp_path):
     assert row.status == rb.NEEDS_HUMAN and "2 mails in one file (split it" in row.reason, row
     assert done.files()[first.name] == first.read_bytes()  # kept for the human as it was
     assert len(done.report.patches) == 1 + len(rest)
+
+
+def test_hidden_files_are_no_patches_and_a_link_to_nothing_is_a_verdict(small, tmp_path):
+    """An editor's or macOS's hidden file (.x.patch, ._0001.patch) in the series folder is
+    not a patch of it; a .patch that links to nothing is one that cannot be read (its own
+    verdict), not a silent gap in the series."""
+    base, target, folder = small
+    names = sorted(p.name for p in folder.glob("*.patch"))
+    (folder / ".0000-scratch.patch").write_text("notes\n")
+    (folder / "._0001-x.patch").write_bytes(b"\x00\x05\x16\x07")
+    (folder / "0000-gone.patch").symlink_to(tmp_path / "nowhere.patch")
+    done = rb.rebase(read_series(folder, lenient=True), detect(target), base=detect(base))
+    rows = done.report.patches
+    assert [r.file for r in rows] == ["0000-gone.patch", *names]
+    assert rows[0].status == rb.NEEDS_HUMAN and "a symbolic link to nothing" in rows[0].reason
