@@ -259,6 +259,21 @@ def test_deleting_a_file_upstream_added_to_fails(tmp_path):
         assert hunk.status == CLEAN and result.files["src/del.cpp"] is None
 
 
+def test_a_file_that_is_a_symbolic_link_in_the_tree_is_not_patched_through(tmp_path):
+    """The tree has a link where the patch changes a file's text: GNU patch ("not a regular
+    file") and git apply ("wrong type") refuse it, and so does the engine - it never patches
+    the link's target text, nor the file it names."""
+    old = b"int a;\nint b;\nint c;\n"
+    patch = make_patch("b", ("src/x.cpp", old, old.replace(b"int b;", b"int b = 1;")))
+    tree = write_tree(tmp_path / "tree", {"src/x_real.cpp": old})
+    (tree / "src" / "x.cpp").symlink_to("x_real.cpp")
+    with apply_hunks([patch], tree) as result:
+        (hunk,) = result.hunks
+        assert hunk.status == FAILED
+        assert hunk.reason == "a symbolic link in the tree, where the patch changes a file"
+    assert (tree / "src" / "x_real.cpp").read_bytes() == old
+
+
 def test_a_failing_hunk_names_its_patch_file_and_place(drifted):
     patch = make_patch("two-hunks", (KV, b"".join(ORIGINAL), b"".join(edited(ORIGINAL, dict([
         change(2, 2, "    return 2000;\n"), change(15, 2, "    return 1500;\n")])))))

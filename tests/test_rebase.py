@@ -1411,3 +1411,20 @@ def test_hidden_files_are_no_patches_and_a_link_to_nothing_is_a_verdict(small, t
     rows = done.report.patches
     assert [r.file for r in rows] == ["0000-gone.patch", *names]
     assert rows[0].status == rb.NEEDS_HUMAN and "a symbolic link to nothing" in rows[0].reason
+
+
+def test_a_file_that_is_a_link_in_the_target_is_that_patchs_verdict(tmp_path):
+    """Upstream made src/w.cpp a symbolic link to another file; the patch changes w.cpp's
+    text. git apply refuses it ("wrong type"): a patch for a human, saying where the link
+    goes - not the whole run's refusal."""
+    text = "int a;\nint b;\nint c;\n"
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/w.cpp": text}, {**BASE, "src/w_impl.cpp": text},
+        [("w: b", {"src/w.cpp": ("int b;\n", "int b = 1;\n")})])
+    (target / "src" / "w.cpp").symlink_to("w_impl.cpp")
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.NEEDS_HUMAN, row.reason
+    assert "a symbolic link in the target, a file in the base: src/w.cpp (to w_impl.cpp)" in \
+        row.reason
+    assert not done.series.patches and row.conflict is not None

@@ -53,6 +53,7 @@ from portkit.rebase.report import (
 )
 from portkit.series import (
     REGULAR,
+    SYMLINK,
     FileDiff,
     Hunk,
     Patch,
@@ -230,6 +231,16 @@ class _Carrier:
         needs a human is carried in part only where they need it)."""
         self.work.load(patch.paths)
         self.base.load(patch.paths)
+        linked = [f.path for f in patch.files if f.status == "modified" and f.hunks
+                  and self.work.mode(f.path) == SYMLINK and self.base.mode(f.path) != SYMLINK]
+        if linked:  # git apply refuses it too ("wrong type"): nothing to carry by text
+            where = ", ".join(f"{rel} (to {_text_of(self.work.get(rel))})" for rel in linked)
+            reason = (f"a symbolic link in the target, a file in the base: {where}; the patch "
+                      "changes it as a file (carry it into the file the link names, or "
+                      "make it a file again)")
+            return _Outcome(NEEDS_HUMAN, reason, conflict="\n".join([
+                f"portkit rebase: {patch.name} needs a human", f"Subject: {patch.subject}",
+                f"Reason: {reason}", "", patch.diff]))
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
         self._before_base = before_base
         self.base_modes = {rel: self.base.mode(rel) for rel in patch.paths}
