@@ -1428,3 +1428,27 @@ def test_a_file_that_is_a_link_in_the_target_is_that_patchs_verdict(tmp_path):
     assert "a symbolic link in the target, a file in the base: src/w.cpp (to w_impl.cpp)" in \
         row.reason
     assert not done.series.patches and row.conflict is not None
+
+
+def test_a_carried_patch_that_cannot_be_written_back_is_that_patchs_verdict(small,
+                                                                            monkeypatch):
+    """Whatever makes a carried diff unreadable as a patch (a path or a link no patch may
+    write), it is that patch's verdict - left for a human with its diff in the side file, the
+    target as it was for the patches after it - never the refusal of the whole run."""
+    base, target, folder = small
+    series = read_series(folder)
+    first = series.patches[0].name
+    real = rb.run._written
+
+    def refuse(patch: Patch, diff: str) -> Patch:
+        if patch.name == first:
+            raise rb.run.UnreadablePatch(f"{first}: refusing src/x: a symbolic link to '/'")
+        return real(patch, diff)
+
+    monkeypatch.setattr(rb.run, "_written", refuse)
+    done = rb.rebase(series, detect(target), base=detect(base))
+    row = done.report.patches[0]
+    assert row.status == rb.NEEDS_HUMAN and row.output is None
+    assert "it cannot be written back as a patch" in row.reason
+    assert first not in [p.name for p in done.series.patches]
+    assert len(done.series.patches) >= 1 and row.conflict in done.files()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from portkit.errors import UsageError
+from portkit.errors import UnreadablePatch, UsageError
 from portkit.follow import follow
 from portkit.fork import (
     Scoped,
@@ -128,7 +128,21 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                 continue
             if away:  # the sections for files the fork does not vendor, as they were
                 diff = put_back(diff, original, away)
-            carried.append(_written(original, diff))
+            try:
+                written = _written(original, diff)
+            except UnreadablePatch as exc:  # never the whole run's refusal: this patch's
+                for rel in outcome.after:
+                    carrier.work.put(rel, before[rel], before_modes[rel])
+                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
+                reason = (f"carried, it cannot be written back as a patch ({exc.message}); "
+                          "left for a human")
+                side[name] = (f"portkit rebase: {patch.name} needs a human\nSubject: "
+                              f"{patch.subject}\nReason: {reason}\n\n{diff}").encode(
+                                  "utf-8", "surrogateescape")
+                rows.append(RebasedPatch(patch.name, patch.subject, NEEDS_HUMAN, reason, None,
+                                         name))
+                continue
+            carried.append(written)
             name = None
             if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
