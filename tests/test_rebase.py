@@ -23,6 +23,7 @@ import sys
 import tomllib
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -358,9 +359,10 @@ def test_output_is_written_at_once_and_never_over_something(small, tmp_path):
 def test_report_formats(small):
     base, target, folder = small
     report = rb.rebase(read_series(folder), detect(target), base=detect(base),
-                       series_label="series", target_label="newer").report
+                       series_label="series", target_label="newer", base_label="older").report
     data = json.loads(rb.render(report, "json"))
     assert data["schema"] == "portkit-rebase/2" and data["target"] == "newer"
+    assert data["base_tree"] == "older"  # the base as given, also when it has no pin
     assert data["fork"] is False and data["not_vendored"] == []
     assert data["attention"] == [p.file for p in report.patches
                                  if p.status in (rb.NEEDS_HUMAN, rb.NEEDS_REVIEW)]
@@ -737,6 +739,9 @@ def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
         ("sum: say that the sum is checked", SERIES[0][1])])
     done = rb.rebase(read_series(folder), detect(target), base=detect(base))
     assert [p.status for p in done.report.patches] == [rb.UNCHANGED, rb.UNCHANGED]
+    # as a fork's report says it: its dropped patches need attention, a section not checked
+    done.report = replace(done.report, fork=True, not_vendored=(("0002-sum.patch", "x.c"),),
+                          base_tree="older")
     checked = rb.compile_check(done, detect(target))
     scale_row, sum_row = checked.report.patches
     assert scale_row.status == rb.NEEDS_REVIEW and scale_row.output == done.series.patches[0].name
@@ -744,6 +749,8 @@ def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
                     scale_row.reason)
     assert sum_row == done.report.patches[1]
     assert checked.series == done.series
+    # all else the report said stays as it was (the fork's flag, what it does not vendor)
+    assert replace(checked.report, patches=done.report.patches) == done.report
 
 
 def test_a_hunk_text_lands_in_the_wrong_function_is_carried_for_review(tmp_path):

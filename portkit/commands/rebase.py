@@ -83,7 +83,7 @@ def rebase_cmd(onto: str, series_dir: Path | None, out: Path | None, base: str |
         rebased = rebase_mod.rebase(
             read_series(series_dir, lenient=True), target,
             base=_tree(rebase_mod.base_spec(base, Path(onto) if Path(onto).is_dir() else None)),
-            series_label=str(series_dir), target_label=onto)
+            series_label=str(series_dir), target_label=onto, base_label=base)
         if compile_check:
             rebased = rebase_mod.compile_check(rebased, target)
         if out is not None and not dry_run:

@@ -8,13 +8,13 @@ import os
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from portkit.errors import ToolMissing
 from portkit.follow import tree_view
 from portkit.proc import run
-from portkit.rebase.report import NEEDS_REVIEW, Rebased, RebasedPatch, RebaseReport
+from portkit.rebase.report import NEEDS_REVIEW, Rebased, RebasedPatch
 from portkit.rebase.run import _scratch
 from portkit.series import (
     Patch,
@@ -112,8 +112,7 @@ def compile_check(rebased: Rebased, target: Tree) -> Rebased:
                                f"it does not compile: {'; '.join(errors[:3])}; {row.reason}",
                                row.output, row.conflict)
         rows.append(row)
-    report = RebaseReport(rebased.report.series, rebased.report.base, rebased.report.target,
-                          rebased.report.pin, tuple(rows))
+    report = replace(rebased.report, patches=tuple(rows))  # all else as it was
     return Rebased(report, rebased.series, rebased.side_files, rebased.carried)
 
 

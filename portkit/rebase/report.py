@@ -77,6 +77,7 @@ class RebaseReport:
     patches: tuple[RebasedPatch, ...]
     fork: bool = False  # a fork's series: a dropped patch leaves it, and needs attention
     not_vendored: tuple[tuple[str, str], ...] = ()  # (patch, file): sections not checked
+    base_tree: str | None = None  # the base as it was given (--base), when it was
 
     @property
     def summary(self) -> dict[str, int]:
@@ -105,7 +106,8 @@ class RebaseReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "series": self.series, "base": self.base,
-                "target": self.target, "pin": self.pin, "fork": self.fork,
+                "base_tree": self.base_tree, "target": self.target, "pin": self.pin,
+                "fork": self.fork,
                 "summary": self.summary,
                 "attention": [p.file for p in self.attention],
                 "not_vendored": [{"patch": p, "file": f} for p, f in self.not_vendored],

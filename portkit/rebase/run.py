@@ -59,7 +59,8 @@ def base_spec(spec: str, target: Path | None = None) -> str:
 
 
 def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
-           series_label: str = "series", target_label: str = "target") -> Rebased:
+           series_label: str = "series", target_label: str = "target",
+           base_label: str | None = None) -> Rebased:
     """Carry `series` (written against `base`, or against `fork` with the series taken out)
     onto `target`. Nothing is written: see write_rebased. With `fork`, the series is
     carried as the fork vendors llama.cpp (portkit.fork): the sections for files it does not
@@ -154,7 +155,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     report = RebaseReport(series_label, base.pin if base else fork.pin if fork else None,
                           target_label, target.pin, tuple(rows), fork=fork is not None,
                           not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
-                          if scoped else ())
+                          if scoped else (), base_tree=base_label)
     out = Series(series.folder, series.kind, tuple(carried), series.conventions)
     return Rebased(report, out, {**kept, **side}, changed)
 
