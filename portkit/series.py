@@ -312,6 +312,21 @@ class Series:
             out.insert(min(bad.position, len(out)), bad)
         return out
 
+    def listing(self) -> bytes:
+        """Quilt's series file for these patches: the one read, byte for byte, while it
+        lists them; without the lines of patches that are gone (its comments and blank lines
+        stay) when only that changed; else made anew."""
+        listed = self.series_file if self.series_file is not None else b""
+        wanted = [(p.name, p.strip) for p in self.in_order()]
+        if _quilt_names(listed) == wanted:
+            return listed
+        left = b"".join(line for line in listed.splitlines(keepends=True)
+                        if not (named := _quilt_names(line)) or named[0] in wanted)
+        if _quilt_names(left) == wanted:
+            return left
+        return "".join(name + (f" -p{strip}" if strip != 1 else "") + "\n"
+                       for name, strip in wanted).encode("utf-8", "surrogateescape")
+
     def write(self, folder: Path) -> list[Path]:
         """Write every patch (and quilt's series file) into `folder`. An unchanged series is
         written byte for byte as it was read."""
@@ -323,10 +338,7 @@ class Series:
             path.write_bytes(patch.data)
             written.append(path)
         if self.kind == "quilt":
-            listed = self.series_file if self.series_file is not None else b""
-            if _quilt_names(listed) != [(p.name, p.strip) for p in entries]:
-                listed = "".join(p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
-                                 for p in entries).encode("utf-8", "surrogateescape")
+            listed = self.listing()
             (folder / "series").write_bytes(listed)
             written.append(folder / "series")
         return written

@@ -786,12 +786,20 @@ def test_a_quilt_series_stays_a_quilt_series(small, tmp_path):
     originals = read_series(folder).patches
     for patch in originals:
         (quilt / patch.name).write_text(f"Description: {patch.subject}\n\n{patch.diff}")
-    (quilt / "series").write_text("".join(p.name + "\n" for p in originals))
+    # the series file as a maintainer keeps it: comments, a blank line, an option
+    listing = ["# ollama's patches, in order\n", *(p.name + ("  # the first\n" if k == 0 else
+               " -p1\n" if k == 1 else "\n") for k, p in enumerate(originals)), "\n",
+               "# end\n"]
+    (quilt / "series").write_text("".join(listing))
     series = read_series(quilt)
     assert series.kind == "quilt"
     done = rb.rebase(series, detect(target), base=detect(base))
     kept = [p.file for p in done.report.patches if p.output]
-    assert done.files()["series"].decode() == "".join(name + "\n" for name in kept)
+    assert len(kept) < len(originals)  # one is dropped, one left for a human
+    # the same file, only the lines of the patches left out taken away
+    assert done.files()["series"].decode() == "".join(
+        line for line in listing if not line.strip() or line.startswith("#")
+        or line.split()[0] in kept)
     for patch in done.series.patches:
         assert patch.header == f"Description: {patch.subject}\n\n" and not patch.is_mail
 

@@ -134,9 +134,7 @@ class Rebased:
         """Every file of --out, by relative path."""
         out = {p.name: p.data for p in self.series.patches}
         if self.series.kind == "quilt":
-            out["series"] = "".join(
-                p.name + (f" -p{p.strip}" if p.strip != 1 else "") + "\n"
-                for p in self.series.patches).encode("utf-8", "surrogateescape")
+            out["series"] = self.series.listing()
         return {**out, **self.side_files}
 
 

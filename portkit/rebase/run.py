@@ -156,7 +156,8 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                           target_label, target.pin, tuple(rows), fork=fork is not None,
                           not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
                           if scoped else (), base_tree=base_label)
-    out = Series(series.folder, series.kind, tuple(carried), series.conventions)
+    out = Series(series.folder, series.kind, tuple(carried), series.conventions,
+                 series.series_file, series.unreadable)
     return Rebased(report, out, {**kept, **side}, changed)
 
 
