@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,15 @@ import click
 PIPE_WIDTH = 120  # a table's width when stdout is not a terminal (a log, a pager, a file)
 GAP = "  "
 ELLIPSIS = "…"
+
+
+def md_code(text: str) -> str:
+    """An inline Markdown code span for a table cell, whatever the text holds: on one line,
+    pipes escaped (as GFM wants inside a table), fenced by more backticks than it has."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def emit_json(data: Any) -> None:

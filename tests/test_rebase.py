@@ -1467,3 +1467,15 @@ def test_a_carried_patch_that_cannot_be_written_back_is_that_patchs_verdict(smal
     assert "it cannot be written back as a patch" in row.reason
     assert first not in [p.name for p in done.series.patches]
     assert len(done.series.patches) >= 1 and row.conflict in done.files()
+
+
+def test_markdown_cells_hold_any_patch_name():
+    """A backtick or a pipe in a patch's file name (or its side file's) stays inside its
+    code span and its cell: the table keeps its columns."""
+    odd = "0001-a `tick` | pipe.patch"
+    report = rb.RebaseReport("s", None, "t", None, (
+        rb.RebasedPatch(odd, "subject", rb.NEEDS_HUMAN, "why | because", None,
+                        "needs-human/0001-a `tick` | pipe.conflict"),))
+    row = rb.render(report, "markdown").splitlines()[4]
+    assert row.startswith("| 1 | ``0001-a `tick` \\| pipe.patch`` | needs-human | yes | - | ")
+    assert re.sub(r"``.*?``", "", row).replace("\\|", "").count("|") == 7

@@ -48,6 +48,7 @@ from portkit.drift.model import (
     needs_attention,
 )
 from portkit.errors import UsageError
+from portkit.report import md_code
 
 FailOn = frozenset[str]
 
@@ -254,14 +255,6 @@ def _md(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", _one_line(text))
 
 
-def _md_code(text: str) -> str:
-    """An inline code span for a table cell (pipes stay escaped inside it, as GFM wants)."""
-    text = _one_line(text).replace("|", "\\|")
-    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
-
-
 def _md_fence(text: str, path: str) -> list[str]:
     fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
     lang = "cpp" if PurePosixPath(path).suffix in {".c", ".cc", ".cpp", ".h", ".hpp", ".cu",
@@ -272,14 +265,14 @@ def _md_fence(text: str, path: str) -> list[str]:
 def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     """The summary table (patches per status, per target) first, then the details of every
     patch that needs attention."""
-    out = [f"## portkit drift of {_md_code(report.series)}", "",
+    out = [f"## portkit drift of {md_code(report.series)}", "",
            "| target | pin | patches | " + " | ".join(STATUSES) + " | semantic | attention |",
            "|---|---|---:|" + "---:|" * (len(STATUSES) + 2)]
     for t in report.targets:
         s = t.summary
         attention = sum(1 for p in t.patches
                         if needs_attention(p, effective_fail_on(report, t, fail_on)))
-        out.append(f"| {_md_code(t.target)} | {_md_code(t.pin) if t.pin else '—'} | "
+        out.append(f"| {md_code(t.target)} | {md_code(t.pin) if t.pin else '—'} | "
                    f"{len(t.patches)} | " + " | ".join(str(s[k]) for k in STATUSES) +
                    f" | {s[SEMANTIC]} | {attention} |")
     out += ["", f"A patch needs attention when `--fail-on` catches it (here: "
@@ -297,23 +290,23 @@ def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     else:
         out += ["", "### Patches that need attention"]
     for t, i, p in flagged:
-        out += ["", f"#### {_md_code(t.target)}: {i}. {_md_code(p.file)}: {_status_label(p)}",
+        out += ["", f"#### {md_code(t.target)}: {i}. {md_code(p.file)}: {_status_label(p)}",
                 "", _md(p.subject), "",
                 "| status | hunk | symbol | offset | fuzz | moved to | reason |",
                 "|---|---|---|---:|---:|---|---|"]
         for h in p.hunks:
-            out.append(f"| {h.status} | {_md_code(_where(h))} | "
-                       f"{_md_code(h.symbol) if h.symbol else '—'} | {h.offset:+d} | {h.fuzz} | "
-                       f"{_md_code(_moved(h.moved_to)) if h.moved_to else '—'} | "
+            out.append(f"| {h.status} | {md_code(_where(h))} | "
+                       f"{md_code(h.symbol) if h.symbol else '—'} | {h.offset:+d} | {h.fuzz} | "
+                       f"{md_code(_moved(h.moved_to)) if h.moved_to else '—'} | "
                        f"{_md(h.reason)} |")
         for h in p.hunks:
             if h.nearest:
-                out += ["", f"Nearest match for hunk {_md_code(_where(h))} at "
-                            f"{_md_code(f'{h.nearest.file}:{h.nearest.line}')}:", "",
+                out += ["", f"Nearest match for hunk {md_code(_where(h))} at "
+                            f"{md_code(f'{h.nearest.file}:{h.nearest.line}')}:", "",
                         *_md_fence(h.nearest.text, h.nearest.file)]
         if p.semantic:
             out += ["", "Semantic drift:", ""]
-            out += [f"- {_md_code(s.symbol)} {s.change}: {_md(s.detail)}" for s in p.semantic]
+            out += [f"- {md_code(s.symbol)} {s.change}: {_md(s.detail)}" for s in p.semantic]
     return "\n".join(out) + "\n"
 
 
@@ -537,9 +530,9 @@ def matrix_markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     """A table of patches (rows) by targets (columns) with each patch's status there and the
     first target where it broke."""
     legend = " · ".join(f"{EMOJI[s]} {s}" for s in STATUSES)
-    out = [f"## portkit drift matrix of {_md_code(report.series)}", "",
+    out = [f"## portkit drift matrix of {md_code(report.series)}", "",
            f"{legend} · {SEMANTIC_MARK} semantic drift", "",
-           "| # | patch | " + " | ".join(_md_code(t.target) for t in report.targets) +
+           "| # | patch | " + " | ".join(md_code(t.target) for t in report.targets) +
            " | first broke |",
            "|---:|---|" + "---|" * (len(report.targets) + 1)]
     for n, (file, subject) in enumerate(_matrix_rows(report), start=1):
@@ -550,8 +543,8 @@ def matrix_markdown(report: DriftReport, *, fail_on: FailOn) -> str:
                          f"{EMOJI[cell[1].status]} {cell[1].status}"
                          f"{f' {SEMANTIC_MARK}' if cell[1].semantic else ''}")
         broke = first_broken(report, file, fail_on)
-        out.append(f"| {n} | {_md_code(file)} {_md(subject)} | " + " | ".join(cells) +
-                   f" | {_md_code(broke.target) if broke else '—'} |")
+        out.append(f"| {n} | {md_code(file)} {_md(subject)} | " + " | ".join(cells) +
+                   f" | {md_code(broke.target) if broke else '—'} |")
     out += ["", f"First broke: the first target where `--fail-on` catches the patch (here: "
                 f"{_fail_on_label(fail_on)})."]
     if report.not_vendored_line:

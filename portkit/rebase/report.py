@@ -15,6 +15,7 @@ from portkit.errors import UsageError
 from portkit.fork import (
     not_vendored_line,
 )
+from portkit.report import md_code
 from portkit.series import (
     Series,
 )
@@ -161,10 +162,10 @@ def render(report: RebaseReport, fmt: str) -> str:
         lines = [f"### portkit rebase: {_md(title)}", "",
                  "| # | patch | status | attention | output | reason |",
                  "|---|---|---|---|---|---|"]
-        lines += [f"| {i} | `{_md(p.file)}` | {p.status} | "
+        lines += [f"| {i} | {md_code(p.file)} | {p.status} | "
                   f"{'yes' if report.needs_attention(p) else '-'} | "
-                  f"{'`' + _md(p.output) + '`' if p.output else '-'} | "
-                  f"{_md(p.reason)}{' (`' + _md(p.conflict) + '`)' if p.conflict else ''} |"
+                  f"{md_code(p.output) if p.output else '-'} | "
+                  f"{_md(p.reason)}{' (' + md_code(p.conflict) + ')' if p.conflict else ''} |"
                   for i, p in enumerate(report.patches, 1)]
         lines += [""] + [f"{_md(n)}." for n in notes]
         return "\n".join(lines) + "\n"
