@@ -31,6 +31,9 @@ from portkit.transaction import checkpoint
 GIT_SETTINGS = (
     "core.autocrlf=false", "core.eol=lf", "core.safecrlf=false", "core.fsmonitor=false",
     "core.hooksPath=" + os.devnull, "core.quotePath=false", "apply.whitespace=nowarn",
+    # the user's attributes (~/.config/git/attributes: `*.m binary`, a diff driver) would
+    # change portkit's diffs too; only the ones portkit gives count
+    "core.attributesFile=" + os.devnull,
 )
 
 

@@ -1135,15 +1135,35 @@ class MailPatch:
 _INDEX_LINE = re.compile(r"([0-9a-f]{4,40})\.\.[0-9a-f]{4,40}")
 
 
+# git's own heading rules (builtin diff drivers) a series may have been written with, by the
+# file suffixes they serve and the headings only they make (git's default rule takes a line
+# that starts with a letter, `_` or `$`): Objective-C's `@implementation`, `- (void)m`.
+_DRIVERS = {"objc": ((".m", ".mm"), re.compile(r"@(implementation|interface|protocol)\s|"
+                                               r"[-+]\s*\("))}
+
+
+def heading_drivers(patches: Iterable[Patch]) -> dict[str, str]:
+    """The builtin heading rules a series' @@ lines show it was written with, by file
+    suffix (`{".m": "objc"}`): its diffs made again write the same headings."""
+    found: dict[str, str] = {}
+    for driver, (suffixes, only) in _DRIVERS.items():
+        if any(only.match(h.section) for p in patches for h in p.hunks
+               if PurePosixPath(h.path).suffix in suffixes):
+            found.update(dict.fromkeys(suffixes, driver))
+    return found
+
+
 def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
              abbrev: int = 7, prefix: bool = True, renames: bool = False,
-             modes: tuple[dict[str, int], dict[str, int]] | None = None) -> str:
+             modes: tuple[dict[str, int], dict[str, int]] | None = None,
+             drivers: dict[str, str] | None = None) -> str:
     """The diff from `before` to `after` (files by path; None: absent) as git writes it:
     `diff --git`, `index <old>..<new> <mode>` with blob ids cut to `abbrev` digits, and
     function headings in the @@ lines. `modes` gives git's mode of files on each side
     (100644 where not given): an executable, a symbolic link (its bytes are its target),
     and a mode change are written as git writes them; `renames` finds renames and copies
-    as git's -M does."""
+    as git's -M does; `drivers` (heading_drivers) gives a file suffix git's heading rule
+    for it, as the series was written."""
     with tempfile.TemporaryDirectory(prefix="portkit-diff-") as tmp:
         root = Path(tmp)
         for k, (side, files) in enumerate((("a", before), ("b", after))):
@@ -1159,7 +1179,11 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
                 else:
                     path.write_bytes(data)
                     path.chmod(0o755 if mode == EXECUTABLE else 0o644)
-        args = ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--binary",
+        attributes = root / "attributes"
+        attributes.write_text("".join(f"*{suffix} diff={driver}\n"
+                                      for suffix, driver in (drivers or {}).items()))
+        args = ["-c", f"core.attributesFile={attributes}",
+                "diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--binary",
                 f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
                 "-M" if renames else "--no-renames", "a", "b"]
         done = git(args, cwd=root, check=False, ceiling=root)

@@ -1479,3 +1479,51 @@ def test_markdown_cells_hold_any_patch_name():
     row = rb.render(report, "markdown").splitlines()[4]
     assert row.startswith("| 1 | ``0001-a `tick` \\| pipe.patch`` | needs-human | yes | - | ")
     assert re.sub(r"``.*?``", "", row).replace("\\|", "").count("|") == 7
+
+
+OBJC = ("#import <Foundation/Foundation.h>\n\n@implementation GGMLMetalClass\n"
+        "- (void)setup {\n    int a = 1;\n    int b = 2;\n    int c = 3;\n    int d = 4;\n"
+        "    int e = 5;\n}\n@end\n")
+
+
+def _objc_series(tmp_path: Path, heading: str) -> tuple[Path, Path, Path]:
+    """A one-patch series on an Objective-C file whose @@ line has `heading`, as the fork's
+    git wrote it."""
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/k.m": OBJC}, {**BASE, "src/k.m": "// up\n" + OBJC},
+        [("k: d", {"src/k.m": ("    int d = 4;\n", "    int d = 40;\n")})])
+    (patch,) = folder.glob("*.patch")
+    patch.write_text(re.sub(r"(?m)^(@@ [^@]+ @@).*$", lambda m: m.group(1) + heading,
+                            patch.read_text()))
+    return base, target, folder
+
+
+@pytest.mark.parametrize(("heading", "carried"), [
+    (" - (void)setup {", "@@ -6,7 +6,7 @@ - (void)setup {"),  # git's objc rule (the fork's)
+    ("", "@@ -6,7 +6,7 @@"),  # git's default rule: no heading for these lines
+])
+def test_headings_are_written_with_the_rule_the_series_was_written_with(tmp_path, heading,
+                                                                        carried):
+    """The fork's git wrote Objective-C headings (`*.m diff=objc`: `- (void)setup {`,
+    `@implementation ...`) that git's default rule never makes: the carried patch's @@ lines
+    are made with the same rule, and with the default one where the series shows no other."""
+    base, target, folder = _objc_series(tmp_path, heading)
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (patch,) = done.series.patches
+    assert [line for line in patch.diff.splitlines() if line.startswith("@@")] == [carried]
+
+
+def test_the_users_git_attributes_do_not_change_a_carried_patch(small, tmp_path, monkeypatch):
+    """~/.config/git/attributes (core.attributesFile's default) saying `*.cpp binary` or
+    naming a diff driver would make git write `Binary files differ` or other headings:
+    portkit's git reads none of the user's attributes."""
+    base, target, folder = small
+    plain = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    home = tmp_path / "home"
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "attributes").write_text("*.cpp binary\n*.h diff=objc\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    hostile = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    assert [p.data for p in hostile.series.patches] == [p.data for p in plain.series.patches]
+    assert all(b"Binary files" not in p.data for p in hostile.series.patches)

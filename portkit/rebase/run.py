@@ -36,6 +36,7 @@ from portkit.series import (
     Series,
     Unreadable,
     git_diff,
+    heading_drivers,
 )
 from portkit.tree import Tree
 
@@ -67,6 +68,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     vendor are not checked and go back into each carried patch unchanged, every tree is seen
     as the fork would vendor it, and a dropped patch needs attention."""
     abbrev, headings = _style(series)
+    drivers = heading_drivers(series.patches)
     with ExitStack() as stack:
         scoped: Scoped | None = None
         if fork is not None:
@@ -119,7 +121,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                            for rel in outcome.after}
             diff = git_diff(before, outcome.after, abbrev=patch.conventions.abbrev or abbrev,
                             prefix=patch.strip != 0, modes=(before_modes, after_modes),
-                            renames=any(f.rename_from for f in patch.files))
+                            renames=any(f.rename_from for f in patch.files), drivers=drivers)
             if not headings:
                 diff = _HEADING.sub(r"\1", diff)
             if not diff:
