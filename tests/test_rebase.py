@@ -1527,3 +1527,31 @@ def test_the_users_git_attributes_do_not_change_a_carried_patch(small, tmp_path,
     hostile = rb.rebase(read_series(folder), detect(target), base=detect(base))
     assert [p.data for p in hostile.series.patches] == [p.data for p in plain.series.patches]
     assert all(b"Binary files" not in p.data for p in hostile.series.patches)
+
+
+def test_a_hunk_upstream_made_already_is_said_when_the_merge_leaves_it_out(tmp_path):
+    """Upstream made one hunk of the patch itself (the same deletion): git's merge takes
+    the rest and the carried patch is without that hunk, as `git am -3` has it; the reason
+    says which hunk, so that the patch does not shrink unsaid."""
+    body = "".join(f"int f{k}(int x) {{\n    return x + {k};\n}}\n\n" for k in range(12))
+    target_body = body.replace("    return x + 9;\n", "")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/f.cpp": body}, {**BASE, "src/f.cpp": target_body},
+        [("f: two", {"src/f.cpp": ("    return x + 1;\n", "    return x + 1 + A;\n")}),
+         ("f: drop", {"src/f.cpp": ("    return x + 9;\n", "")})])
+    # one patch of both hunks: squash the two commits' diffs into the first mail
+    first, second = sorted(folder.glob("*.patch"))
+    both = read_series(folder).patches
+    text = first.read_text().replace(both[0].diff, both[0].diff + "".join(
+        h.text if h.text.endswith("\n") else h.text + "\n" for h in both[1].hunks))
+    first.write_text(text)
+    second.unlink()
+    (patch,) = read_series(folder).patches
+    assert len(patch.hunks) == 2
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.MERGED, row.reason
+    assert f"src/f.cpp:{patch.hunks[1].old_start}: upstream made this hunk's change already " \
+        "(the carried patch is without it)" in row.reason
+    (carried,) = done.series.patches
+    assert len(carried.hunks) == 1

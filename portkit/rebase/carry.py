@@ -626,6 +626,9 @@ class _Carrier:
                     continue
                 result, raised = recount([h for h in patch.hunks if h.path == rel], b, o,
                                          merged.data)
+                said += [f"{home}:{h.old_start}: upstream made this hunk's change already (the "
+                         "carried patch is without it)"
+                         for h in patch.hunks if h.path == rel and _made_already(h, o, b)]
                 review += [f"{home}: {note}" for note in raised]
                 same = merged.settled.count(SAME_POINT)
                 beside = merged.settled.count(BESIDE)
@@ -1035,6 +1038,18 @@ def _said_edit(edit: Edit) -> str:
                      (f"`{new}` inserted after argument {i}" if i else f"`{new}` inserted first")
                      if op == "insert" else
                      f"`{old}` made `{new}`" for op, i, old, new in edit)
+
+
+def _made_already(hunk: Hunk, ours: bytes, base: bytes) -> bool:
+    """Whether the target's file has the hunk's change itself: its new side (context and
+    added lines, in a row) is there, its old side is not, and the base had the old side."""
+    def block(lines: Sequence[str]) -> bytes:
+        return "".join(x if x.endswith("\n") else x + "\n" for x in lines).encode(
+            "utf-8", "surrogateescape")
+    if not (hunk.added or hunk.removed) or not hunk.old_lines or not hunk.new_lines:
+        return False
+    old, new = block(hunk.old_lines), block(hunk.new_lines)
+    return new in ours and old not in ours and old in base
 
 
 def _upstream_made(f: FileDiff, ours: dict[str, bytes | None], base: dict[str, bytes | None]
