@@ -14,6 +14,7 @@ import struct
 import subprocess
 import zlib
 from collections import Counter
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,17 @@ def test_table_into_a_pipe_or_a_ci_log_is_not_cut(report: DriftReport, monkeypat
     monkeypatch.setenv("COLUMNS", "80")
     assert fmt.table(report, fail_on=DEFAULT_FAIL_ON, colour=False) == fmt.table(
         report, fail_on=DEFAULT_FAIL_ON, width=80, colour=False)
+
+
+def test_table_names_a_patch_without_a_subject_by_its_file(report: DriftReport) -> None:
+    """A quilt patch or a plain diff has no subject: its row shows the file name."""
+    target = report.targets[0]
+    quiet = replace(target, patches=(replace(target.patches[0], subject=""),
+                                     *target.patches[1:]))
+    text = fmt.table(replace(report, targets=(quiet,)), fail_on=DEFAULT_FAIL_ON, width=400,
+                     colour=False)
+    row = next(line for line in text.splitlines() if line.startswith("1  "))
+    assert re.split(r"\s{2,}", row)[1] == target.patches[0].file
 
 
 def test_table_colours_only_when_asked_or_on_a_terminal(report: DriftReport) -> None:

@@ -217,7 +217,7 @@ def table(report: DriftReport, *, fail_on: FailOn, width: int | None = None,
     chosen = fail_on
     for t in report.targets:
         fail_on = effective_fail_on(report, t, chosen)
-        rows = [[str(i), _one_line(p.subject), _status_label(p), _hunks_cell(p),
+        rows = [[str(i), _one_line(p.subject or p.file), _status_label(p), _hunks_cell(p),
                  _first_reason(p)]
                 for i, p in _numbered(t)]
         headers = ["#", "patch", "status", "hunks", "reason"]
