@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from portkit.cli import cli
 from portkit.drift import model as dm
 from portkit.drift.classify import drift
+from portkit.errors import InputError
 from portkit.follow import DriftInput, identifiers
 from portkit.render import render, write_series
 from portkit.series import read_series
@@ -344,3 +345,11 @@ def test_a_definition_upstream_has_under_another_name(fixture_tree, tmp_path, up
             "llama_n_ctx_seq)"
     assert (noted in hunk.reason) == ("llama_n_ctx_seq(" in upstream_adds
                                       and "+ 1" not in upstream_adds)
+
+
+def test_a_saved_report_that_is_not_utf8_is_malformed_input(tmp_path):
+    saved = tmp_path / "drift.json"
+    saved.write_bytes(b"\xff\xfe{}")
+    result = CliRunner().invoke(cli, ["drift", "--from-json", str(saved)])
+    assert result.exit_code == InputError.exit_code
+    assert result.stderr == f"portkit: {saved} is not a JSON drift report (not UTF-8)\n"

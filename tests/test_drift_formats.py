@@ -217,6 +217,13 @@ BAD_INPUTS: list[tuple[str, Any, str]] = [
      "'conflict'"),
     ("summary off", lambda d: d["targets"][1]["summary"].update(clean=5),
      "drift report: targets[1].summary: does not match the patches (expected {\"clean\":1,"),
+    ("nested too deep", "[" * 100_000, "drift report: not JSON (maximum recursion depth"),
+    ("5000 digits", '{"schema": ' + "9" * 5000 + "}",
+     "drift report: not JSON (Exceeds the limit (4300 digits)"),
+    ("line out of range", lambda d: _hunk0(d).update(patch_line=10**30),
+     "drift report: targets[0].patches[0].hunks[0].patch_line: 1e+30 is out of range"),
+    ("offset out of range", lambda d: _hunk0(d).update(offset=-(10**400)),
+     "drift report: targets[0].patches[0].hunks[0].offset: out of range"),
 ]
 
 

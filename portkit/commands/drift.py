@@ -17,7 +17,7 @@ from portkit.commands.common import fails_cleanly, open_tree, refuse_input
 from portkit.drift import formats as drift_formats
 from portkit.drift import model as dm
 from portkit.drift.classify import drift
-from portkit.errors import PortkitError, UsageError
+from portkit.errors import InputError, PortkitError, UsageError
 from portkit.follow import DriftInput
 from portkit.series import Series, read_series
 from portkit.tree import OLLAMA, Tree
@@ -83,7 +83,7 @@ def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | Non
         try:
             text = saved.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise UsageError(f"{saved} is not a JSON drift report (not UTF-8)") from exc
+            raise InputError(f"{saved} is not a JSON drift report (not UTF-8)") from exc
         report = dm.DriftReport.from_json(text)
     else:
         job, fork = _job(series_dir, targets, base, fork_path)

@@ -244,9 +244,13 @@ class DriftReport:
     def from_json(cls, text: str) -> DriftReport:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"drift report: not JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # bad JSON, 5000 digits, [[[[...
+            raise InputError(f"drift report: not JSON ({str(exc)[:120] or 'nested too deep'})"
+                             ) from None
         return _read_report(data)
+
+
+_LARGEST = 10**9
 
 
 def parse_fail_on(values: Iterable[str]) -> frozenset[str]:
@@ -353,6 +357,9 @@ class _Obj:
         # bool is an int in Python but not a number in JSON.
         if not isinstance(value, int) or isinstance(value, bool):
             raise _bad(self.at(key), f"expected an integer, got {_kind(value)}")
+        if abs(value) > _LARGEST:  # a line, an offset or a count no source file has
+            raise _bad(self.at(key), f"{value:.3g} is out of range" if abs(value) < 10**300
+                       else "out of range")
         return value
 
     def items(self, key: str, read: Callable[[Any, str], T]) -> tuple[T, ...]:
