@@ -16,10 +16,12 @@ GAP = "  "
 ELLIPSIS = "…"
 
 
-def md_code(text: str) -> str:
-    """An inline Markdown code span for a table cell, whatever the text holds: on one line,
-    pipes escaped (as GFM wants inside a table), fenced by more backticks than it has."""
-    text = " ".join(text.split()).replace("|", "\\|")
+def md_code(text: str, *, cell: bool = True) -> str:
+    """An inline Markdown code span, whatever the text holds: on one line, fenced by more
+    backticks than it has; in a table cell (`cell`) its pipes escaped, as GFM wants there
+    (outside a table the backslash would show)."""
+    text = " ".join(text.split())
+    text = text.replace("|", "\\|") if cell else text
     ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"

@@ -325,6 +325,19 @@ def test_table_names_a_patch_without_a_subject_by_its_file(report: DriftReport) 
     assert re.split(r"\s{2,}", row)[1] == target.patches[0].file
 
 
+def test_markdown_headings_show_a_name_as_it_is(report: DriftReport) -> None:
+    """Outside a table a pipe needs no escape (the backslash would show): a flagged patch's
+    heading writes its file name as it is, inside a code span."""
+    odd = "0003-a|b`c.patch"
+    targets = tuple(replace(t, patches=tuple(replace(p, file=odd) if p.file.startswith("0003")
+                                             else p for p in t.patches))
+                    for t in report.targets)
+    text = fmt.render(replace(report, targets=targets), "markdown", fail_on=DEFAULT_FAIL_ON)
+    headings = [line for line in text.splitlines() if line.startswith("#### ")]
+    assert headings and all("\\|" not in line for line in headings)
+    assert any(f": 3. ``{odd}``: " in line for line in headings), headings
+
+
 def test_table_colours_only_when_asked_or_on_a_terminal(report: DriftReport) -> None:
     coloured = fmt.table(report, fail_on=DEFAULT_FAIL_ON, width=100, colour=True)
     assert "\x1b[31m" in coloured  # conflict in red

@@ -1476,7 +1476,9 @@ def test_markdown_cells_hold_any_patch_name():
     report = rb.RebaseReport("s", None, "t", None, (
         rb.RebasedPatch(odd, "subject", rb.NEEDS_HUMAN, "why | because", None,
                         "needs-human/0001-a `tick` | pipe.conflict"),))
-    row = rb.render(report, "markdown").splitlines()[4]
+    markdown = rb.render(report, "markdown").splitlines()
+    assert markdown[-1] == "1 patch needs attention: ``0001-a `tick` | pipe.patch``."
+    row = markdown[4]
     assert row.startswith("| 1 | ``0001-a `tick` \\| pipe.patch`` | needs-human | yes | - | ")
     assert re.sub(r"``.*?``", "", row).replace("\\|", "").count("|") == 7
 

@@ -265,7 +265,7 @@ def _md_fence(text: str, path: str) -> list[str]:
 def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     """The summary table (patches per status, per target) first, then the details of every
     patch that needs attention."""
-    out = [f"## portkit drift of {md_code(report.series)}", "",
+    out = [f"## portkit drift of {md_code(report.series, cell=False)}", "",
            "| target | pin | patches | " + " | ".join(STATUSES) + " | semantic | attention |",
            "|---|---|---:|" + "---:|" * (len(STATUSES) + 2)]
     for t in report.targets:
@@ -290,7 +290,8 @@ def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     else:
         out += ["", "### Patches that need attention"]
     for t, i, p in flagged:
-        out += ["", f"#### {md_code(t.target)}: {i}. {md_code(p.file)}: {_status_label(p)}",
+        out += ["", f"#### {md_code(t.target, cell=False)}: {i}. "
+                    f"{md_code(p.file, cell=False)}: {_status_label(p)}",
                 "", _md(p.subject), "",
                 "| status | hunk | symbol | offset | fuzz | moved to | reason |",
                 "|---|---|---|---:|---:|---|---|"]
@@ -306,7 +307,8 @@ def markdown(report: DriftReport, *, fail_on: FailOn) -> str:
                         *_md_fence(h.nearest.text, h.nearest.file)]
         if p.semantic:
             out += ["", "Semantic drift:", ""]
-            out += [f"- {md_code(s.symbol)} {s.change}: {_md(s.detail)}" for s in p.semantic]
+            out += [f"- {md_code(s.symbol, cell=False)} {s.change}: {_md(s.detail)}"
+                    for s in p.semantic]
     return "\n".join(out) + "\n"
 
 
@@ -530,7 +532,7 @@ def matrix_markdown(report: DriftReport, *, fail_on: FailOn) -> str:
     """A table of patches (rows) by targets (columns) with each patch's status there and the
     first target where it broke."""
     legend = " · ".join(f"{EMOJI[s]} {s}" for s in STATUSES)
-    out = [f"## portkit drift matrix of {md_code(report.series)}", "",
+    out = [f"## portkit drift matrix of {md_code(report.series, cell=False)}", "",
            f"{legend} · {SEMANTIC_MARK} semantic drift", "",
            "| # | patch | " + " | ".join(md_code(t.target) for t in report.targets) +
            " | first broke |",

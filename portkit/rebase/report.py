@@ -149,9 +149,9 @@ def render(report: RebaseReport, fmt: str) -> str:
     title = (f"{report.series} onto {report.target}"
              + (f" ({report.pin[:12]})" if report.pin else "") + f": {counts}")
     attention = report.attention
-    notes = [f"{len(attention)} patch{'es' if len(attention) != 1 else ''} need"
-             f"{'s' if len(attention) == 1 else ''} attention"
-             + (f": {', '.join(p.file for p in attention)}" if attention else "")]
+    needing = (f"{len(attention)} patch{'es' if len(attention) != 1 else ''} need"
+               f"{'s' if len(attention) == 1 else ''} attention")
+    notes = [needing + (f": {', '.join(p.file for p in attention)}" if attention else "")]
     if report.fork and any(p.status == DROPPED for p in report.patches):
         notes.append("in a fork a dropped patch needs attention: its file leaves "
                      "llama/patches with the move")
@@ -167,7 +167,9 @@ def render(report: RebaseReport, fmt: str) -> str:
                   f"{md_code(p.output) if p.output else '-'} | "
                   f"{_md(p.reason)}{' (' + md_code(p.conflict) + ')' if p.conflict else ''} |"
                   for i, p in enumerate(report.patches, 1)]
-        lines += [""] + [f"{_md(n)}." for n in notes]
+        said = [needing + (": " + ", ".join(md_code(p.file, cell=False) for p in attention)
+                           if attention else ""), *(_md(n) for n in notes[1:])]
+        lines += [""] + [f"{n}." for n in said]
         return "\n".join(lines) + "\n"
     width = max((len(p.file) for p in report.patches), default=5)
     lines = [title, ""]
