@@ -1557,3 +1557,38 @@ def test_a_hunk_upstream_made_already_is_said_when_the_merge_leaves_it_out(tmp_p
         "(the carried patch is without it)" in row.reason
     (carried,) = done.series.patches
     assert len(carried.hunks) == 1
+
+
+def test_a_quilt_patch_keeps_its_own_file_headers(tmp_path):
+    """A quilt patch's files come with quilt's headers (`Index:`, `====`, `--- llama.orig/x
+    <timestamp>`, `+++ llama/x <timestamp>`), no `diff --git`: carried onto a tree where its
+    hunks moved, only the @@ line numbers change."""
+    one = "".join(f"int a{k};\n" for k in range(10))
+    two = "".join(f"int b{k};\n" for k in range(10))
+    base = write_tree(tmp_path / "base", {**BASE, "src/one.cpp": one, "src/two.cpp": two})
+    target = write_tree(tmp_path / "target", {**BASE, "src/one.cpp": "// up\n" + one,
+                                              "src/two.cpp": "// up\n// up\n" + two})
+    stamp = "\t2025-01-01 00:00:00.000000000 +0000\n"
+
+    def section(name: str, text: str, old: str, new: str) -> str:
+        lines = text.splitlines(keepends=True)
+        at = lines.index(old)
+        body = "".join(" " + x for x in lines[at - 3:at]) + "-" + old + "+" + new + "".join(
+            " " + x for x in lines[at + 1:at + 4])
+        return (f"Index: llama/src/{name}\n" + "=" * 67 + "\n"
+                f"--- llama.orig/src/{name}{stamp}+++ llama/src/{name}{stamp}"
+                f"@@ -{at - 2},7 +{at - 2},7 @@\n{body}")
+
+    quilt = tmp_path / "quilt"
+    quilt.mkdir()
+    text = ("Description: two files\nAuthor: Fork Maintainer <fork@example.org>\n\n"
+            + section("one.cpp", one, "int a5;\n", "int a5 = 5;\n")
+            + section("two.cpp", two, "int b5;\n", "int b5 = 5;\n"))
+    (quilt / "two.patch").write_text(text)
+    (quilt / "series").write_text("two.patch\n")
+    done = rb.rebase(read_series(quilt), detect(target), base=detect(base))
+    (row,) = done.report.patches
+    assert row.status == rb.UNCHANGED, row.reason
+    (carried,) = done.series.patches
+    assert carried.text == text.replace("@@ -3,7 +3,7 @@\n int a2", "@@ -4,7 +4,7 @@\n int a2") \
+        .replace("@@ -3,7 +3,7 @@\n int b2", "@@ -5,7 +5,7 @@\n int b2")
