@@ -389,41 +389,38 @@ class _Carrier:
         """What was carried, with the lines the patch adds beside lines upstream realigned
         (a table or declarations respaced into wider columns) realigned the same way
         (portkit.follow.columns). Not what `git am -3` writes, so for review, saying so."""
-        if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW, RELOCATED) \
-                or not outcome.after:
-            return outcome
-        after = dict(outcome.after)
-        said = []
-        for f in patch.files:
-            data, old, new = after.get(f.path), base.get(f.path), ours.get(f.path)
-            if data is None or old is None or new is None:
-                continue
-            after[f.path], count = realign(new, old, data,
-                                           (line for h in f.hunks for line in h.added))
-            if count:
-                said.append(f"{f.path}: {count} line(s) it adds realigned to the columns "
-                            "upstream gave the lines beside them")
-        if not said:
-            return outcome
-        return replace(outcome, status=NEEDS_REVIEW, after=after,
-                       reason="; ".join([*said, outcome.reason]))
+        def edit(f: FileDiff, data: bytes, new: bytes, old: bytes) -> tuple[bytes, list[str]]:
+            out, count = realign(new, old, data, (line for h in f.hunks for line in h.added))
+            return out, [f"{count} line(s) it adds realigned to the columns upstream gave the "
+                         "lines beside them"] if count else []
+        return self._edited(patch, outcome, ours, base, edit)
 
     def _repeats(self, patch: Patch, outcome: _Outcome,
                  ours: dict[str, bytes | None]) -> _Outcome:
         """What was carried, without a case or an enumerator of the patch's that the target
         has in that switch or enum already (portkit.follow.repeats: twice, the file would
         not compile). Not what `git am -3` writes, so for review, saying so."""
+        def edit(f: FileDiff, data: bytes, new: bytes, _: bytes) -> tuple[bytes, list[str]]:
+            return repeated(new, data, (line for h in f.hunks for line in h.added))
+        return self._edited(patch, outcome, ours, None, edit)
+
+    def _edited(self, patch: Patch, outcome: _Outcome, ours: dict[str, bytes | None],
+                base: dict[str, bytes | None] | None,
+                edit: Callable[[FileDiff, bytes, bytes, bytes], tuple[bytes, list[str]]]
+                ) -> _Outcome:
+        """What was carried, each file of it edited by `edit(section, carried, the target's
+        file, the base's file)`, which says what it did: for review where it did anything."""
         if outcome.status not in (UNCHANGED, MERGED, NEEDS_REVIEW, RELOCATED) \
                 or not outcome.after:
             return outcome
         after = dict(outcome.after)
-        said = []
+        said: list[tuple[str, str]] = []
         for f in patch.files:
             data, new = after.get(f.path), ours.get(f.path)
-            if data is None or new is None:
+            old = base.get(f.path) if base is not None else b""
+            if data is None or new is None or old is None:
                 continue
-            after[f.path], notes = repeated(new, data, (line for h in f.hunks
-                                                        for line in h.added))
+            after[f.path], notes = edit(f, data, new, old)
             said += [(f.path, note) for note in notes]
         if not said:
             return outcome
