@@ -23,6 +23,7 @@ from portkit.index import (
     VARIABLE,
     Index,
     ParseCache,
+    Symbol,
     calls,
     flat,
     flat_all,
@@ -152,12 +153,21 @@ def test_changed_file_is_reparsed(tmp_path, monkeypatch):
     assert [s.name for s in Index.build(tmp_path / "t", ["src/*.cpp"]).symbols] == ["g"]
 
 
-def test_damaged_cache_entry_is_indexed_again(tmp_path, monkeypatch):
+def _cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+            ) -> tuple[list[Symbol], Path]:
+    """One file `a.cpp` holding `text`, indexed with a cache of its own: its symbols and
+    its cache entry."""
     monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "a.cpp").write_text("struct s { int n; };\nint f(s x) { return x.n; }\n")
-    first = Index.build(tmp_path / "t", ["*.cpp"]).symbols
+    (tmp_path / "t" / "a.cpp").write_text(text)
+    symbols = Index.build(tmp_path / "t", ["*.cpp"]).symbols
     [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    return symbols, entry
+
+
+def test_damaged_cache_entry_is_indexed_again(tmp_path, monkeypatch):
+    first, entry = _cached(tmp_path, monkeypatch,
+                           "struct s { int n; };\nint f(s x) { return x.n; }\n")
     entry.write_bytes(entry.read_bytes()[:20])  # as a killed run or a full disk leaves it
     assert Index.build(tmp_path / "t", ["*.cpp"]).symbols == first
     assert len(marshal.loads(entry.read_bytes())["columns"]["name"]) == len(first)  # whole again
@@ -183,12 +193,8 @@ def test_a_cached_entry_that_is_not_believable_is_indexed_again(tmp_path, monkey
     """The index cache is input like any other: an entry whose fields have other types, or
     whose spans fall outside the file, is not believed (no wrong symbol, no traceback later);
     the file is indexed again and the entry written whole."""
-    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "a.cpp").write_text(
-        "struct s { int n; };\nenum e { A = 1 };\n#define M(x) (x)\nint f(s x) { return x.n; }\n")
-    first = Index.build(tmp_path / "t", ["*.cpp"]).symbols
-    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    first, entry = _cached(tmp_path, monkeypatch, "struct s { int n; };\nenum e { A = 1 };\n"
+                           "#define M(x) (x)\nint f(s x) { return x.n; }\n")
     good = marshal.loads(entry.read_bytes())
     assert index_mod._believable(good, (tmp_path / "t" / "a.cpp").stat().st_size)
     for bad in _hostile(good):
@@ -198,11 +204,7 @@ def test_a_cached_entry_that_is_not_believable_is_indexed_again(tmp_path, monkey
 
 
 def test_a_full_disk_under_the_cache_indexes_all_the_same(tmp_path, monkeypatch):
-    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "a.cpp").write_text("int f() { return 1; }\n")
-    fresh = Index.build(tmp_path / "t", ["*.cpp"]).symbols
-    [entry] = (tmp_path / "cache" / "index").rglob("*.marshal")
+    fresh, entry = _cached(tmp_path, monkeypatch, "int f() { return 1; }\n")
     entry.unlink()
     write = Path.write_bytes
 
