@@ -16,6 +16,26 @@ GAP = "  "
 ELLIPSIS = "…"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: a byte that was not UTF-8 (read with surrogateescape, as
+    portkit reads patches) becomes U+FFFD, the same in every format."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def valid_data(data: Any) -> Any:
+    """`data` (JSON's kinds) with every string made valid_text: JSON a strict reader takes."""
+    if isinstance(data, str):
+        return valid_text(data)
+    if isinstance(data, dict):
+        return {valid_text(k): valid_data(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [valid_data(v) for v in data]
+    return data
+
+
 def md_code(text: str, *, cell: bool = True) -> str:
     """An inline Markdown code span, whatever the text holds: on one line, fenced by more
     backticks than it has; in a table cell (`cell`) its pipes escaped, as GFM wants there

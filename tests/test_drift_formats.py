@@ -338,6 +338,24 @@ def test_markdown_headings_show_a_name_as_it_is(report: DriftReport) -> None:
     assert any(f": 3. ``{odd}``: " in line for line in headings), headings
 
 
+@pytest.mark.parametrize("name", fmt.FORMATS)
+def test_every_format_is_valid_utf8_whatever_the_series_bytes(report: DriftReport,
+                                                               name: str) -> None:
+    """A subject with bytes that are not UTF-8 (read with surrogateescape: Latin-1 `caf\xe9`,
+    `\xff`) comes out as U+FFFD in every format alike: text a strict reader (a CI summary,
+    a JSON parser that refuses lone surrogates) takes."""
+    target = report.targets[0]
+    odd = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+    bytes_in = replace(report, targets=(replace(target, patches=(
+        replace(target.patches[0], subject=odd), *target.patches[1:])), *report.targets[1:]))
+    text = fmt.render(bytes_in, name, fail_on=DEFAULT_FAIL_ON)
+    text.encode("utf-8")  # no lone surrogate left
+    if name == "json":
+        assert json.loads(text)["targets"][0]["patches"][0]["subject"] == "caf\ufffd \ufffd"
+    elif name in ("table", "matrix-md"):  # formats that list every patch by its subject
+        assert "caf\ufffd \ufffd" in text
+
+
 def test_table_colours_only_when_asked_or_on_a_terminal(report: DriftReport) -> None:
     coloured = fmt.table(report, fail_on=DEFAULT_FAIL_ON, width=100, colour=True)
     assert "\x1b[31m" in coloured  # conflict in red

@@ -1592,3 +1592,14 @@ def test_a_quilt_patch_keeps_its_own_file_headers(tmp_path):
     (carried,) = done.series.patches
     assert carried.text == text.replace("@@ -3,7 +3,7 @@\n int a2", "@@ -4,7 +4,7 @@\n int a2") \
         .replace("@@ -3,7 +3,7 @@\n int b2", "@@ -5,7 +5,7 @@\n int b2")
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "markdown"])
+def test_a_report_of_non_utf8_names_is_valid_utf8(fmt):
+    odd = b"0001-caf\xe9.patch".decode("utf-8", "surrogateescape")
+    report = rb.RebaseReport("s", None, "t", None, (
+        rb.RebasedPatch(odd, odd, rb.UNCHANGED, "applies as it is", odd),))
+    text = rb.render(report, fmt)
+    text.encode("utf-8")  # no lone surrogate left, in any format
+    assert "0001-caf\ufffd.patch" in (json.loads(text)["patches"][0]["file"] if fmt == "json"
+                                      else text)

@@ -48,7 +48,7 @@ from portkit.drift.model import (
     needs_attention,
 )
 from portkit.errors import UsageError
-from portkit.report import md_code
+from portkit.report import md_code, valid_data, valid_text
 
 FailOn = frozenset[str]
 
@@ -96,7 +96,11 @@ RULE_TEXT = {
 
 
 def render(report: DriftReport, fmt: str, fail_on: FailOn) -> str:
-    """The report in one of FORMATS."""
+    """The report in one of FORMATS, valid UTF-8 whatever the series' bytes."""
+    return valid_text(_render(report, fmt, fail_on))
+
+
+def _render(report: DriftReport, fmt: str, fail_on: FailOn) -> str:
     writers: dict[str, Callable[[], str]] = {
         "table": lambda: table(report, fail_on=fail_on),
         "json": report.to_json,
@@ -434,7 +438,7 @@ def sarif(report: DriftReport) -> str:
             "executionSuccessful": True,
             "toolExecutionNotifications": [{"level": "note", "message": {
                 "text": report.not_vendored_line}}]}]
-    return json.dumps(log, indent=2) + "\n"
+    return json.dumps(valid_data(log), indent=2) + "\n"
 
 
 def _sarif_result(kinds: list[str], kind: str, text: str, uri: str, line: int,

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from portkit.errors import InputError, PortkitError, UsageError
+from portkit.report import valid_data
 
 SCHEMA = "portkit-drift/2"
 SCHEMAS = ("portkit-drift/1", SCHEMA)  # what the reader takes (1: no fork, nothing left out)
@@ -232,7 +233,7 @@ class DriftReport:
                 f"this fork does not vendor: not checked ({', '.join(files)})")
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        return json.dumps(valid_data(self.to_dict()), indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any) -> DriftReport:

@@ -15,7 +15,7 @@ from portkit.errors import UsageError
 from portkit.fork import (
     not_vendored_line,
 )
-from portkit.report import md_code
+from portkit.report import md_code, valid_data, valid_text
 from portkit.series import (
     Series,
 )
@@ -117,7 +117,7 @@ class RebaseReport:
                             for p in self.patches]}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        return json.dumps(valid_data(self.to_dict()), indent=2) + "\n"
 
 
 @dataclass
@@ -140,7 +140,12 @@ class Rebased:
 
 
 def render(report: RebaseReport, fmt: str) -> str:
-    """The report as text: table, json or markdown."""
+    """The report as text: table, json or markdown (valid UTF-8, whatever the series'
+    bytes)."""
+    return valid_text(_render(report, fmt))
+
+
+def _render(report: RebaseReport, fmt: str) -> str:
     if fmt == "json":
         return report.to_json()
     if fmt not in FORMATS:
