@@ -439,9 +439,8 @@ class _Run:
                     patch.name, f.path, 0, 0, CLEAN if carried else FAILED,
                     reason="" if carried else result.problems[-1], hunk=f.header_hunk()))
             return
-        linked = next((p for p in (f.old_path, f.new_path)
-                       if p and self.modes.get(p) == SYMLINK), None)
-        if linked is not None and f.old_mode != SYMLINK and f.new_mode != SYMLINK:
+        if SYMLINK not in (f.old_mode, f.new_mode) and any(
+                p and self.modes.get(p) == SYMLINK for p in (f.old_path, f.new_path)):
             # the tree has a symbolic link where the patch changes a file's text: GNU patch
             # ("not a regular file") and git apply ("wrong type") refuse it
             result.hunks += [HunkResult(patch.name, f.path, h.index, h.old_start, FAILED,

@@ -240,7 +240,7 @@ class Patch:
         if not any(f.header("index") for f in self.files):
             diff = re.sub(r"^index .*\n", "", diff, flags=re.M)
         if self.files and not any(f.git for f in self.files):
-            diff = _as_plain(diff, _plain_headers(self.diff))
+            diff = _as_plain(diff, _plain_headers(self), self.strip)
         header = self.header
         if self.stat is not None:
             try:
@@ -257,52 +257,31 @@ class Patch:
         return parse_patch(self.name, text.encode("utf-8", "surrogateescape"), strip=self.strip)
 
 
-_HUNK_HEAD = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-
-
-def _plain_headers(diff: str) -> dict[str, tuple[str, str, str]]:
-    """A plain (not git) diff's own file headers, by the file's name as git would write it
-    after a/: the lines between the previous file's hunks and this file's `--- ` line (quilt's
-    `Index:` and `====`; the first file's are in the patch's header), and its `--- ` and `+++ `
-    lines (quilt's llama.orig/ and llama/, timestamps), byte for byte."""
-    lines = diff.splitlines(keepends=True)
+def _plain_headers(patch: Patch) -> dict[str, tuple[str, str, str]]:
+    """A plain (not git) diff's own file headers, by file: the lines between the previous
+    file's hunks and this file's `--- ` line (quilt's `Index:` and `====`; the first file's
+    are in the patch's header), and its `--- ` and `+++ ` lines (quilt's llama.orig/ and
+    llama/, timestamps), byte for byte. Read off the hunks as parsed; {} where they cannot
+    be found in order."""
     found: dict[str, tuple[str, str, str]] = {}
-    before: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            names = [_plain_name(x[4:]) for x in (line, lines[i + 1])]
-            name = next((n for n in reversed(names) if n), None)
-            if name is not None:
-                found.setdefault(name, ("".join(before), line, lines[i + 1]))
-            before, i = [], i + 2
-            continue
-        if (head := _HUNK_HEAD.match(line)) is not None:
-            old, new = int(head.group(1) or 1), int(head.group(2) or 1)
-            i += 1
-            while i < len(lines) and (old > 0 or new > 0 or lines[i].startswith("\\")):
-                mark = lines[i][:1]
-                old -= mark in (" ", "-", "\n")
-                new -= mark in (" ", "+", "\n")
-                i += 1
-            before = []
-            continue
-        before.append(line)
-        i += 1
+    at = 0
+    for f in patch.files:
+        if not f.hunks or (start := patch.diff.find(f.hunks[0].text, at)) < 0:
+            return {}
+        head = patch.diff[at:start].splitlines(keepends=True)
+        k = next((i for i in range(len(head) - 2, -1, -1) if head[i].startswith("--- ")
+                  and head[i + 1].startswith("+++ ")), None)
+        if k is None:
+            return {}
+        found[f.path] = ("".join(head[:k]), head[k], head[k + 1])
+        for hunk in f.hunks:
+            if (start := patch.diff.find(hunk.text, at)) < 0:
+                return {}
+            at = start + len(hunk.text)
     return found
 
 
-def _plain_name(name: str) -> str | None:
-    """A plain diff's file name without its timestamp and its first component (quilt's
-    llama.orig/ or llama/, git's a/ or b/), as git names the file; None for /dev/null."""
-    name = name.rstrip("\n").split("\t", 1)[0].strip()
-    if name == "/dev/null":
-        return None
-    return name.split("/", 1)[1] if "/" in name else name
-
-
-def _as_plain(diff: str, headers: dict[str, tuple[str, str, str]]) -> str:
+def _as_plain(diff: str, headers: dict[str, tuple[str, str, str]], strip: int) -> str:
     """git's diff of a patch written as plain diffs, each file with the patch's own header
     lines where the patch had them (git's `diff --git` and extended lines only where not)."""
     sections = re.split(r"(?m)^(?=diff --git )", diff)
@@ -310,9 +289,10 @@ def _as_plain(diff: str, headers: dict[str, tuple[str, str, str]]) -> str:
     for k, section in enumerate(sections[1:]):
         lines = section.splitlines(keepends=True)
         at = next((i for i, line in enumerate(lines) if line.startswith("--- ")), None)
-        name = None if at is None or at + 1 >= len(lines) else next(
-            (n for n in (_plain_name(lines[at + 1][4:]), _plain_name(lines[at][4:])) if n),
-            None)
+        names = [] if at is None or at + 1 >= len(lines) else [
+            x[4:].rstrip("\n").split("\t", 1)[0] for x in (lines[at + 1], lines[at])]
+        name = next((n.split("/", 1)[-1] if strip else n for n in names if n != "/dev/null"),
+                    None)
         if at is None or name not in headers:
             out.append(section)
             continue

@@ -55,7 +55,7 @@ def _whole_lines(src: bytes, node: Node) -> bool:
     end = src.find(b"\n", node.end_byte)
     end = len(src) if end < 0 else end
     before, after = src[start:node.start_byte], src[node.end_byte:end].strip()
-    return not before.strip() and (not after or after in (b",",) or after.startswith(
+    return not before.strip() and (not after or after == b"," or after.startswith(
         (b"//", b",//", b", //")))
 
 
@@ -91,10 +91,15 @@ def _groups(root: Node, src: bytes) -> dict[tuple[str, bytes, int], list[Node]]:
 _TRIVIAL = {b"", b"{", b"}", b"break;", b"} break;", b"{ } break;", b","}
 
 
+def _label(kind: str, node: Node) -> Node | None:
+    """What a member is known by: a case's value, an enumerator's name."""
+    return node.child_by_field_name("value" if kind == "case" else "name")
+
+
 def _after_label(kind: str, node: Node, src: bytes) -> bytes:
     """A case's statements (what follows `case X:`), an enumerator's value (what follows
     its name)."""
-    field = node.child_by_field_name("value" if kind == "case" else "name")
+    field = _label(kind, node)
     rest = src[field.end_byte if field is not None else node.start_byte:node.end_byte]
     return rest.lstrip()[1:] if kind == "case" else rest
 
@@ -110,7 +115,7 @@ def _own_code(kind: str, mine: bytes, upstream: bytes) -> bool:
 
 
 def _key(kind: str, node: Node, src: bytes) -> bytes | None:
-    field = node.child_by_field_name("value" if kind == "case" else "name")
+    field = _label(kind, node)
     return None if field is None else _squash(src[field.start_byte:field.end_byte])
 
 

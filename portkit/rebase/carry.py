@@ -238,9 +238,7 @@ class _Carrier:
             reason = (f"a symbolic link in the target, a file in the base: {where}; the patch "
                       "changes it as a file (carry it into the file the link names, or "
                       "make it a file again)")
-            return _Outcome(NEEDS_HUMAN, reason, conflict="\n".join([
-                f"portkit rebase: {patch.name} needs a human", f"Subject: {patch.subject}",
-                f"Reason: {reason}", "", patch.diff]))
+            return _Outcome(NEEDS_HUMAN, reason, conflict=side_file(patch, reason, patch.diff))
         before_base = {rel: self.base.files[rel] for rel in patch.paths}
         self._before_base = before_base
         self.base_modes = {rel: self.base.mode(rel) for rel in patch.paths}
@@ -1004,8 +1002,7 @@ class _Carrier:
         """Both sides of a patch that needs a human: each hunk as the series has it, what
         drift found in the target, its nearest match there, and the 3-way merge's conflicts
         where the base and the target both have the file."""
-        out = [f"portkit rebase: {patch.name} needs a human", f"Subject: {patch.subject}",
-               f"Reason: {reason}", ""]
+        out = [side_file(patch, reason).rstrip("\n") + "\n"]
         for number, (hunk, d) in enumerate(zip(patch.hunks, drift.hunks, strict=False), 1):
             out += [f"=== hunk {number}: {hunk.path} @@ -{hunk.old_start},{hunk.old_len} "
                     f"({d.status})", f"why: {d.reason}",
@@ -1027,6 +1024,12 @@ class _Carrier:
                 out += [f"=== {f.path}: git merge-file (target | base | series), "
                         f"{conflicts} conflict(s)", *_conflict_blocks(merged), ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def side_file(patch: Patch, reason: str, body: str = "") -> str:
+    """A needs-human side file: which patch, its subject and why, then `body`."""
+    return (f"portkit rebase: {patch.name} needs a human\nSubject: {patch.subject}\n"
+            f"Reason: {reason}\n\n{body}")
 
 
 def _said_edit(edit: Edit) -> str:

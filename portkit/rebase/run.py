@@ -21,7 +21,7 @@ from portkit.fork import (
     put_back,
 )
 from portkit.proc import git
-from portkit.rebase.carry import _HEADING, _Carrier, _style
+from portkit.rebase.carry import _HEADING, _Carrier, _style, side_file
 from portkit.rebase.report import (
     CONFLICTS,
     DROPPED,
@@ -139,9 +139,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                 name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
                 reason = (f"carried, it cannot be written back as a patch ({exc.message}); "
                           "left for a human")
-                side[name] = (f"portkit rebase: {patch.name} needs a human\nSubject: "
-                              f"{patch.subject}\nReason: {reason}\n\n{diff}").encode(
-                                  "utf-8", "surrogateescape")
+                side[name] = side_file(patch, reason, diff).encode("utf-8", "surrogateescape")
                 rows.append(RebasedPatch(patch.name, patch.subject, NEEDS_HUMAN, reason, None,
                                          name))
                 continue
