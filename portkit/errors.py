@@ -102,6 +102,11 @@ class UnreadablePatch(InputError):
     patch's verdict; elsewhere it refuses the series."""
 
 
+class CoverLetter(UnreadablePatch):
+    """The file is a format-patch cover letter (`[PATCH 0/N]`, no diff): not a patch, and no
+    fault either. A series keeps it as it is, in its place."""
+
+
 class FileError(PortkitError):
     """Reading or writing a file failed for a reason of the system's (an OSError portkit did
     not expect: no space left, permission denied, a file that vanished)."""

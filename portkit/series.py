@@ -27,7 +27,14 @@ from unidiff.errors import UnidiffParseError
 from unidiff.patch import Hunk as UnidiffHunk
 from unidiff.patch import PatchedFile, PatchSet
 
-from portkit.errors import FileError, InputError, PortkitError, ToolFailed, UnreadablePatch
+from portkit.errors import (
+    CoverLetter,
+    FileError,
+    InputError,
+    PortkitError,
+    ToolFailed,
+    UnreadablePatch,
+)
 from portkit.paths import EXECUTABLE as EXECUTABLE  # git's modes, for readers of FileDiff
 from portkit.paths import REGULAR as REGULAR
 from portkit.paths import SYMLINK as SYMLINK
@@ -328,13 +335,15 @@ OLLAMA = Conventions()
 @dataclass(frozen=True)
 class Unreadable:
     """A file of the series that is not a patch portkit can read, kept byte for byte: its
-    verdict is `reason` (one line naming the file), never the whole series' refusal."""
+    verdict is `reason` (one line naming the file), never the whole series' refusal. A cover
+    letter (`cover`) is kept the same way, but it is no fault: it has no verdict."""
 
     name: str  # relative to the series folder
     position: int  # where it sits in the series (among all its files, from 0)
     reason: str
     data: bytes = field(repr=False)
     strip: int = 1
+    cover: bool = False
 
 
 @dataclass(frozen=True)
@@ -400,7 +409,8 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
 
     A file that is not a readable patch (not a diff, a malformed one, a path no patch may
     name) is an UnreadablePatch naming it; with `lenient`, it is left out of `patches` and
-    kept in `unreadable` with its reason instead, and the rest of the series is read."""
+    kept in `unreadable` with its reason instead, and the rest of the series is read. A
+    cover letter is kept there (as `cover`) either way."""
     if path.is_file() and path.name == "series":
         path = path.parent
     if not path.is_dir():
@@ -430,11 +440,12 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
         try:
             patches.append(_read_patch(path, name, strip))
         except UnreadablePatch as exc:
-            if not lenient:
+            cover = isinstance(exc, CoverLetter)
+            if not lenient and not cover:
                 raise
             data = (path / name).read_bytes() if (path / name).is_file() else b""
-            unreadable.append(Unreadable(name, position, exc.message, data, strip))
-    if not entries:
+            unreadable.append(Unreadable(name, position, exc.message, data, strip, cover))
+    if all(bad.cover for bad in unreadable) and not patches:
         raise InputError(f"{path}: no patches in it")
     if kind == "plain" and any(p.is_mail for p in patches):
         kind = "format-patch"
@@ -507,6 +518,8 @@ def parse_patch(name: str, data: bytes, *, strip: int = 1, where: str | None = N
                               "a mail, e.g. with git mailsplit)")
     start = _diff_start(lines)
     if start is None:
+        if _is_cover(name, lines):
+            raise CoverLetter(f"{where}: a cover letter (no diff): kept as it is")
         raise UnreadablePatch(f"{where}: no diff in it (not a patch)")
     diff_lines = lines[start:]
     patchset, cut = _parse_diff(where, diff_lines)
@@ -668,6 +681,16 @@ class _Head:
     number: int | None = None
     total: int | None = None
     prefix: str | None = None
+
+
+def _is_cover(name: str, lines: list[str]) -> bool:
+    """A mail without a diff that format-patch --cover-letter wrote: numbered 0 of N
+    (`[PATCH 0/3]`, `[RFC PATCH v2 00/10]`), or named 0000-cover-letter.patch."""
+    head = _read_head(lines)
+    if head.author is None and head.commit is None:
+        return False  # not a mail
+    return (head.number == 0 and head.total is not None) or bool(
+        re.fullmatch(r"0+-cover-letter\.(patch|diff)", PurePosixPath(name).name))
 
 
 def _read_head(lines: list[str]) -> _Head:

@@ -222,6 +222,42 @@ def test_a_non_utf8_path_is_no_traceback(fixture_tree, tmp_path):
     assert (target / os.fsdecode(b"src/caf\xe9.c")).read_bytes() == b"int cafe;\n"
 
 
+COVER = (b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+         b"From: Fork Maintainer <fork@example.org>\nDate: Tue, 8 Apr 2025 15:34:37 -0700\n"
+         b"Subject: [PATCH 0/1] the fork's series\n\nWhy these patches.\n\n"
+         b"Fork Maintainer (1):\n  a comment\n\n src/llama-graph.cpp | 2 +-\n"
+         b" 1 file changed, 1 insertion(+), 1 deletion(-)\n\n-- \n2.43.0\n\n")
+
+
+def test_a_cover_letter_is_kept_in_its_place_and_is_no_fault(fixture_tree, tmp_path):
+    """format-patch --cover-letter's 0000-cover-letter.patch has no diff: drift gives it no
+    row, rebase keeps it in --out byte for byte and says so, apply --series applies the
+    patches around it; none of them calls it a patch that cannot be read."""
+    base, target = fixture_tree("old"), fixture_tree("old")
+    graph = first_line(base, GRAPH)
+    folder = series_of(tmp_path / "s", {
+        "0000-cover-letter.patch": COVER,
+        "0001-a-comment.patch": mail(b"a comment", edit_of(GRAPH.encode(), graph,
+                                                          graph + b" // fork"))})
+    drifted = invoke("drift", "--series", str(folder), "--tree", str(target), "--base",
+                     str(base), "--format", "json")
+    assert drifted.exit_code == 0, drifted.output
+    (row,) = json.loads(drifted.stdout)["targets"][0]["patches"]
+    assert row["file"] == "0001-a-comment.patch" and row["status"] == "clean"
+    out = tmp_path / "out"
+    rebased = invoke("rebase", "--series", str(folder), "--base", str(base), "--onto",
+                     str(target), "--out", str(out), "--format", "json")
+    assert rebased.exit_code == 0, rebased.output
+    cover, patch = json.loads(rebased.stdout)["patches"]
+    assert cover["file"] == "0000-cover-letter.patch" and cover["status"] == "unchanged"
+    assert "cover letter" in cover["reason"] and patch["status"] == "unchanged"
+    assert (out / "0000-cover-letter.patch").read_bytes() == COVER
+    assert sorted(os.listdir(out)) == sorted(os.listdir(folder))
+    applied = invoke("apply", "--force", "--tree", str(target), "--series", str(folder))
+    assert applied.exit_code == 0, applied.output
+    assert first_line(target, GRAPH) == graph + b" // fork"
+
+
 @pytest.mark.parametrize("command", ["drift", "rebase", "apply"])
 def test_a_quoted_path_with_nul_is_one_line(fixture_tree, tmp_path, command):
     tree = fixture_tree("old")

@@ -522,6 +522,49 @@ def test_an_unreadable_patch_is_its_own_verdict_not_the_series_refusal(tmp_path)
         p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.parametrize("options", [[], ["--subject-prefix=RFC PATCH", "-v2"]],
+                         ids=["plain", "rfc-v2"])
+def test_a_cover_letter_is_kept_in_its_place_not_read_as_a_patch(history, tmp_path, options):
+    """git format-patch --cover-letter's first mail has no diff: it is no patch of the
+    series and no fault of it either (also when not lenient), and is written back as it
+    was, in its place."""
+    folder = tmp_path / "s"
+    cover, *mails = history.format_patch(folder, "--cover-letter", *options)
+    assert b"\ndiff --git " not in cover.read_bytes()
+    series = read_series(folder)
+    assert [p.name for p in series.patches] == [m.name for m in mails]
+    (kept,) = series.unreadable
+    assert kept.cover and (kept.name, kept.position) == (cover.name, 0)
+    assert [p.name for p in series.in_order()] == [cover.name, *(m.name for m in mails)]
+    series.write(tmp_path / "back")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "back").iterdir()} == {
+        p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("name, data", [
+    ("0002-notes.patch", b"From: a <a@b.c>\nSubject: [PATCH 2/3] notes\n\nno diff\n"),
+    ("0000-cover-letter.patch", b"just some notes, not a mail\n")],
+    ids=["numbered-not-0", "not-a-mail"])
+def test_a_mail_without_a_diff_is_a_cover_letter_only_when_it_is_one(tmp_path, name, data):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "0001-good.patch").write_bytes(a_mail(b"nobody <>", b"good"))
+    (folder / name).write_bytes(data)
+    with pytest.raises(PortkitError, match="no diff in it"):
+        read_series(folder)
+    (bad,) = read_series(folder, lenient=True).unreadable
+    assert not bad.cover and "no diff in it" in bad.reason
+
+
+def test_a_folder_with_only_a_cover_letter_has_no_patches(history, tmp_path):
+    folder = tmp_path / "s"
+    cover, *mails = history.format_patch(folder, "--cover-letter")
+    for mail in mails:
+        mail.unlink()
+    with pytest.raises(PortkitError, match="no patches in it"):
+        read_series(folder, lenient=True)
+
+
 def test_a_raw_byte_in_a_subject_is_kept_when_written_back():
     data = a_mail(b"nobody <>", b"caf\xff bytes").replace(
         b"Subject:", b"MIME-Version: 1.0\nContent-Type: text/plain; charset=UTF-8\nSubject:")

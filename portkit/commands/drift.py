@@ -131,14 +131,15 @@ def _umask() -> int:
 
 def _with_unreadable(report: dm.DriftReport, series: Series) -> dm.DriftReport:
     """A patch portkit cannot read is that patch's verdict (a conflict saying why), in its
-    place in the series, on every target."""
-    if not series.unreadable:
+    place in the series, on every target. A cover letter has no hunks: it has no row."""
+    unreadable = [bad for bad in series.unreadable if not bad.cover]
+    if not unreadable:
         return report
     order = [p.name for p in series.in_order()]
     targets = []
     for target in report.targets:
         rows = {p.file: p for p in target.patches}
-        for bad in series.unreadable:
+        for bad in unreadable:
             rows[bad.name] = dm.PatchDrift(bad.name, bad.name, (dm.HunkDrift(
                 bad.name, 0, dm.CONFLICT, f"portkit cannot read this patch: {bad.reason}",
                 1),))

@@ -90,8 +90,13 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         for patch in series.in_order():
             if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
                 kept[patch.name] = patch.data
-                rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
-                                         f"it cannot be read: {patch.reason}", patch.name))
+                if patch.cover:
+                    rows.append(RebasedPatch(patch.name, patch.name, UNCHANGED,
+                                             "a cover letter, kept as it is (its shortlog "
+                                             "and diffstat are the old series')", patch.name))
+                else:
+                    rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
+                                             f"it cannot be read: {patch.reason}", patch.name))
                 continue
             original, away = patch, scoped.left_out.get(patch.name, []) if scoped else []
             if scoped is not None and patch.name in scoped.untouched:
