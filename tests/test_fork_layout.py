@@ -155,6 +155,37 @@ def test_the_move_keeps_what_it_does_not_vendor_and_drops_the_upstreamed_patch(
     assert (root / "llama/llama.cpp/llama.go").read_text() == "package llama\n"
 
 
+def test_the_move_changes_only_the_pin_in_the_fork_files_byte_for_byte(real_fork: RealFork):
+    """Makefile.sync and build-info.cpp are the fork's: a CRLF file, or one with a byte that
+    is not UTF-8, keeps every byte but the commit it names."""
+    root = real_fork.root
+    sync, info = root / "Makefile.sync", root / "llama" / "build-info.cpp"
+    sync.write_bytes(b"# vendored by J\xf6rg\r\n" + sync.read_bytes().replace(b"\n", b"\r\n"))
+    info.write_bytes(info.read_bytes().replace(b"\n", b"\r\n"))
+    commit_all(root, "the fork's files as a Windows editor leaves them")
+    before = {p: p.read_bytes() for p in (sync, info)}
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == 20, err
+    pin = git(real_fork.target, "rev-parse", "HEAD").strip().encode()
+    for path, old in before.items():
+        assert path.read_bytes() == old.replace(real_fork.base.encode(), pin), path.name
+
+
+def test_the_move_keeps_the_targets_links_and_execute_bits_as_rsync_a_does(
+        real_fork: RealFork):
+    target, root = real_fork.target, real_fork.root
+    (target / "ggml/src/ggml-cpu/alias.cpp").symlink_to("ggml-cpu.cpp")
+    (target / "ggml/src/CMakeLists.txt").chmod(0o755)
+    commit_all(target, "a link and an executable file")
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(target))
+    assert code == 20, err
+    side = root / "ml/backend/ggml/ggml/src"
+    link = side / "ggml-cpu" / "alias.cpp"
+    assert link.is_symlink() and link.readlink() == Path("ggml-cpu.cpp")
+    assert (side / "CMakeLists.txt").stat().st_mode & 0o111
+    assert not (side / "ggml-cpu" / "ggml-cpu.cpp").stat().st_mode & 0o111
+
+
 @pytest.mark.parametrize("line, named", [
     ("merge other.rules", "merge rule 'merge other.rules'"),
     (". other.rules", "merge rule '. other.rules'"),

@@ -18,6 +18,7 @@ from portkit.fork import (
     deleted,
 )
 from portkit.fork import files as _files
+from portkit.paths import EXECUTABLE, REGULAR, SYMLINK
 from portkit.rebase.compile import compile_check
 from portkit.rebase.report import DROPPED, NEEDS_HUMAN, NEEDS_REVIEW, Rebased, RebasedPatch
 from portkit.rebase.run import _scratch, rebase
@@ -27,10 +28,13 @@ from portkit.series import (
 from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
 from portkit.tree import OLLAMA, Tree, pin_matches
 
-_FETCH_HEAD = re.compile(r"^(\s*FETCH_HEAD\s*[:?]?=\s*)([0-9a-fA-F]{7,40})(\s*)$", re.M)
+# Read as bytes, and only the commit itself rewritten: a CRLF file or one with bytes that
+# are not UTF-8 keeps every other byte as it was.
+_FETCH_HEAD = re.compile(rb"^([ \t]*FETCH_HEAD[ \t]*[:?]?=[ \t]*)([0-9a-fA-F]{7,40})([ \t]*\r?)$",
+                         re.M)
 
 
-_LLAMA_COMMIT = re.compile(r'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
+_LLAMA_COMMIT = re.compile(rb'(LLAMA_COMMIT\s*=\s*")([0-9a-fA-F]{7,40})(")')
 
 
 # (Imports of this part are made where they are used: the top of the module belongs to the
@@ -197,9 +201,8 @@ def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> lis
     the side's .rsync-filter and what Makefile.sync's rsync line adds); a file the target
     does not send is deleted where rsync --delete would delete it."""
     vendoring = Vendoring.of(fork)
-    new: dict[str, bytes | None] = {path: source.read_bytes() if not source.is_symlink()
-                                    else os.fsencode(os.readlink(source))
-                                    for path, source in vendoring.layout_files(target).items()}
+    sources = vendoring.layout_files(target)
+    new: dict[str, bytes | None] = {path: _content(source) for path, source in sources.items()}
     for path, data in carried.items():
         if vendoring.sends(path):
             new[path] = data
@@ -209,17 +212,32 @@ def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> lis
         mine = fork.root / side.folder
         skip = frozenset({"ggml"}) if apart and not side.prefix else frozenset()
         current = set(_files(mine, [], skip))
-        ours = {path.removeprefix(side.prefix): data for path, data in new.items()
-                if vendoring.side(path)[0] == side}
-        for rel, data in sorted(ours.items()):
+        ours = {path.removeprefix(side.prefix): (data, _mode(sources.get(path)))
+                for path, data in new.items() if vendoring.side(path)[0] == side}
+        for rel, (data, mode) in sorted(ours.items()):
             if data is None:
                 if rel in current:
                     changes.append(Delete(f"{side.folder}/{rel}"))
-            elif rel not in current or (mine / rel).read_bytes() != data:
-                changes.append(Write(f"{side.folder}/{rel}", data))
+            elif rel not in current or _content(mine / rel) != data or (
+                    mode is not None and _mode(mine / rel) != mode):
+                changes.append(Write(f"{side.folder}/{rel}", data, mode))
         changes += [Delete(f"{side.folder}/{rel}") for rel in sorted(current - set(ours))
                     if rel != FILTER and deleted(side.rules, rel)]
     return changes
+
+
+def _content(path: Path) -> bytes:
+    """A vendored file's bytes, or a symbolic link's target (rsync -a sends links as links)."""
+    return os.fsencode(os.readlink(path)) if path.is_symlink() else path.read_bytes()
+
+
+def _mode(path: Path | None) -> int | None:
+    """git's mode of a vendored file, as rsync -a keeps it (a link, the execute bit)."""
+    if path is None:
+        return None
+    if path.is_symlink():
+        return SYMLINK
+    return EXECUTABLE if path.stat().st_mode & 0o111 else REGULAR
 
 
 def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
@@ -228,18 +246,19 @@ def _pin_changes(fork: Tree, pin: str) -> list[Write | Delete]:
     out: list[Write | Delete] = []
     sync = fork.root / "Makefile.sync"
     if sync.is_file():
-        text = sync.read_text()
-        if not _FETCH_HEAD.search(text):
+        data = sync.read_bytes()
+        m = _FETCH_HEAD.search(data)
+        if not m:
             raise TreeError(f"{sync} has no FETCH_HEAD line to move")
-        out.append(Write("Makefile.sync", _FETCH_HEAD.sub(
-            lambda m: m.group(1) + pin + m.group(3), text, count=1).encode()))
+        out.append(Write("Makefile.sync", data[:m.start(2)] + pin.encode() + data[m.end(2):]))
     info = fork.root / "llama" / "build-info.cpp"
     if info.is_file() and fork.pin:
-        text = info.read_text()
-        new = _LLAMA_COMMIT.sub(lambda m: m.group(1) + pin + m.group(3)
-                                if pin_matches(m.group(2), fork.pin or "") else m.group(0), text)
-        if new != text:
-            out.append(Write("llama/build-info.cpp", new.encode()))
+        data = info.read_bytes()
+        new = _LLAMA_COMMIT.sub(lambda m: m.group(1) + pin.encode() + m.group(3)
+                                if pin_matches(m.group(2).decode(), fork.pin or "")
+                                else m.group(0), data)
+        if new != data:
+            out.append(Write("llama/build-info.cpp", new))
     return out
 
 
