@@ -19,7 +19,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
 
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
@@ -32,8 +33,10 @@ from portkit.index import source_files
 from portkit.proc import git, last_line
 from portkit.record import (
     Record,
+    applied,
     check_feature,
     in_llama,
+    record_names,
     record_rel,
     state_json,
 )
@@ -43,10 +46,12 @@ from portkit.series import (
     OLLAMA as OLLAMA_CONVENTIONS,
 )
 from portkit.series import (
+    PATCH_SUFFIXES,
     PORTKIT,
     REGULAR,
     Conventions,
     Series,
+    new_patch,
     next_number,
     parse_patch,
     read_series,
@@ -361,19 +366,62 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
                   dry_run: bool, compile_check: bool) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
-    previous = _already(tree, name)
+    previous = _already(tree, name, series)
     if previous is not None:
         return previous
     files = list(dict.fromkeys(series.paths))
     if _is_fork(tree):
-        first = fork_conventions(tree).next_number
+        series = _as_fork_patches(tree, series)
+    else:
         series = replace(series, patches=tuple(
-            replace(p, name=f"{first + i:04d}-{_NUMBER.sub('', p.name)}")
-            for i, p in enumerate(series.patches)))
+            replace(p, name=kept) for p, kept in
+            zip(series.patches, record_names([p.name for p in series.patches]), strict=True)))
     return _put(tree, name, series, files, dry_run=dry_run, compile_check=compile_check)
 
 
 _NUMBER = re.compile(r"^\d{4}-")
+
+
+def _as_fork_patches(tree: Tree, series: Series) -> Series:
+    """The series as the fork's own patches, with its next numbers: each written again as
+    `git format-patch` writes the fork's series (its options, the file names it gives), with
+    the patch's own subject, author, date, message and diff. A plain diff gets its file name
+    as its subject and the author git's configuration names: `git am` applies only mails."""
+    conventions = fork_conventions(tree)
+    first, total = conventions.next_number, conventions.next_number + len(series.patches) - 1
+    out = []
+    for i, patch in enumerate(series.patches):
+        if patch.strip != 1:
+            raise UsageError(f"{series.folder / patch.name} is a -p{patch.strip} patch: a fork's "
+                             f"series holds -p1 patches (git am); write it as one first")
+        stem = _NUMBER.sub("", PurePosixPath(patch.name).name)
+        stem = stem.rsplit(".", 1)[0] if stem.endswith(PATCH_SUFFIXES) else stem
+        out.append(new_patch(
+            conventions, subject=patch.subject or stem, body=patch.body,
+            author=patch.author if patch.author is not None else _author(tree, patch.name),
+            date=patch.date or datetime.now(UTC).astimezone(), diff=patch.diff,
+            number=first + i, total=total))
+    return replace(series, patches=tuple(out))
+
+
+def _author(tree: Tree, name: str) -> str:
+    """`Name <email>` as git would write the user as an author: GIT_AUTHOR_NAME and
+    GIT_AUTHOR_EMAIL, else user.name and user.email of git's configuration (only read)."""
+    import git as gitpython
+
+    user = os.environ.get("GIT_AUTHOR_NAME"), os.environ.get("GIT_AUTHOR_EMAIL")
+    if not all(user):
+        try:
+            config = gitpython.Repo(tree.root, search_parent_directories=True).config_reader()
+            user = (user[0] or str(config.get_value("user", "name", "")),
+                    user[1] or str(config.get_value("user", "email", "")))
+        except Exception:  # no repository, or a configuration that cannot be read
+            pass
+    if not user[0] or not user[1]:
+        raise UsageError(f"{name} is a plain diff: the fork's series holds mails with an "
+                         f"author; set git's user.name and user.email, or give it as a mail "
+                         f"(git format-patch)")
+    return f"{user[0]} <{user[1]}>"
 
 
 def _is_fork(tree: Tree) -> bool:
@@ -390,16 +438,29 @@ def fork_conventions(tree: Tree) -> Conventions:
         return replace(OLLAMA_CONVENTIONS, next_number=next_number(tree.series_dir))
 
 
-def _already(tree: Tree, name: str) -> Outcome | None:
-    """ALREADY when the record says `name` is applied (and the tree still shows it)."""
+def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | None:
+    """ALREADY when the record says `name` is applied (and the tree still shows it). With
+    `series`: only when it is that series (the same diffs); another series of that name is
+    refused (TreeError)."""
     previous = read_record(tree, name)
     if previous is None:
         return None
+    _refuse_another(previous, series, "take it out first with --reverse, or apply this one "
+                    "from a folder of another name")
     try:
         patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
     except ApplyConflict as exc:
         raise _changed_since(name, previous, exc) from exc
     return Outcome(ALREADY, _texts(previous), previous.files)
+
+
+def _refuse_another(record: Record, series: Series | None, then: str) -> None:
+    """Refuse (TreeError) when `series` is not the series `record` applied under its name
+    (not the same diffs: the copies in a fork are the same diffs in the fork's mails)."""
+    if series is not None and [p.diff for p in series.patches] != [
+            parse_patch(n, data).diff for n, data in record.series]:
+        raise TreeError(f"another series named {record.feature} is applied to this tree (its "
+                        f"patches differ from those in {series.folder}): {then}")
 
 
 def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bool,
@@ -421,35 +482,39 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
                              else Delete(in_llama(tree, rel)) for rel, entry in patched.items()]
     changes += [Write(rel, data) for rel, (_, data) in zip(copy_rels, patches, strict=False)]
     changes += [Write(f"{record}/{patch}", data, record=True) for patch, data in patches]
-    touched = {rel: entry[0] for rel, entry in patched.items() if entry is not None}
+    touched = {rel: None if entry is None else entry[0] for rel, entry in patched.items()}
+    order = 1 + max((r.order for r in applied(tree)), default=0)
     changes.append(Write(f"{record}/state.json",
-                         state_json(tree, name, patches, touched, copy_rels), record=True))
+                         state_json(tree, name, patches, touched, copy_rels, order), record=True))
     with transaction(tree.root, f"apply of {name}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
 
 
 def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
-            dry_run: bool = False) -> Outcome:
-    """Take out a series that `apply` put in, restoring the tree byte for byte."""
+            dry_run: bool = False, series: Series | None = None) -> Outcome:
+    """Take out a series that `apply` put in, restoring the tree byte for byte. With
+    `series`, only when it is the series recorded under that name."""
     check_feature(feature)
     if dry_run:
-        return _reverse(tree, feature, pin=pin, force=force, dry_run=True)
+        return _reverse(tree, feature, pin=pin, force=force, dry_run=True, series=series)
     with _writing(tree) as now:
-        return _reverse(now, feature, pin=pin, force=force, dry_run=False)
+        return _reverse(now, feature, pin=pin, force=force, dry_run=False, series=series)
 
 
 def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
-             dry_run: bool) -> Outcome:
+             dry_run: bool, series: Series | None) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
     record = read_record(tree, feature)
     if record is None:
         raise TreeError(f"{feature} is not applied to this tree "
                         f"(no record in {tree.root / record_rel(feature)})")
+    _refuse_another(record, series, "nothing was taken out")
     mails = _texts(record)
     if dry_run:
         return Outcome(DRY_RUN, mails, record.files)
+    _refuse_under_later(tree, record)
     present = _refuse_edited_copies(tree, record)
     _refuse_unwritable([tree.llama_root / f for f in record.files])
     try:
@@ -465,6 +530,21 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
     with transaction(tree.root, f"reverse of {feature}", changes):
         pass
     return Outcome(REVERSED, mails, record.files, [str(tree.root / c) for c in present])
+
+
+def _refuse_under_later(tree: Tree, record: Record) -> None:
+    """A series comes out only from under none applied after it that touches its files:
+    taken out from under one, the later one could not come out again."""
+    if not record.order:
+        return
+    mine = set(record.files)
+    for later in applied(tree):
+        shared = sorted(mine & set(later.files))
+        if later.feature != record.feature and later.order > record.order and shared:
+            raise TreeError(f"{record.feature} cannot come out from under {later.feature}, "
+                            f"applied after it to the same files ({', '.join(shared[:3])}"
+                            f"{' and more' if len(shared) > 3 else ''}): take out "
+                            f"{later.feature} first")
 
 
 def _refuse_edited_copies(tree: Tree, record: Record) -> list[str]:

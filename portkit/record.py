@@ -1,7 +1,8 @@
 """The record `apply` leaves in <tree>/.portkit/<feature>/, read as untrusted input.
 
-state.json (schema portkit-record/2) names the feature, the pin, the series' patch files
-with their sha256, the files the series touches with the sha256 each had after the apply,
+state.json (schema portkit-record/2) names the feature, the pin, its place among the
+tree's records in apply order, the series' patch files with their sha256, the files the
+series touches with the sha256 each had after the apply (null: the series deletes it),
 and the copies of the series put into an ollama-style fork's llama/patches with theirs.
 The patches themselves sit beside it. Reading a record checks all of it: every path is
 relative and stays inside the tree (no `..`, nothing absolute, no symbolic link on the
@@ -29,7 +30,9 @@ SCHEMA = "portkit-record/2"
 STATE = "state.json"
 
 _FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]{1,200}\.patch")
+_PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]{1,200}\.patch")  # a fork's series file
+# a patch file kept in a record: any plain name of the series' (`fix.diff`, a quilt patch)
+_RECORD_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+~-]{0,200}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SUBJECT = re.compile(r"^Subject: \[PATCH(?: (\d+)/(\d+))?\]", re.M)
 
@@ -50,8 +53,9 @@ class Record:
     feature: str
     pin: str | None
     series: list[tuple[str, bytes]]  # (patch file name, its bytes), in order
-    touched: list[Entry]  # relative to the llama.cpp root; sha256 after the apply
+    touched: list[Entry]  # relative to the llama.cpp root; sha256 after the apply (None: gone)
     copies: list[Entry]  # relative to the tree's root
+    order: int = 0  # the record's place among the tree's records, in apply order (0: unknown)
 
     @property
     def patches(self) -> list[Path]:
@@ -86,17 +90,32 @@ def in_llama(tree: Tree, rel: str) -> str:
     return f"{prefix}/{rel}" if prefix else rel
 
 
+def record_names(names: list[str]) -> list[str]:
+    """The names a series' patches are kept under in a record: each its own where it is a
+    plain file name, else made one (`sub/x.patch` is `sub--x.patch`, other characters `_`),
+    and numbered by its place where two would be one."""
+    out: list[str] = []
+    for position, name in enumerate(names, 1):
+        flat = re.sub(r"[^A-Za-z0-9._+~-]", "_", name.replace("/", "--"))[:190]
+        flat = flat if _RECORD_NAME.fullmatch(flat) and flat != STATE else f"patch-{flat}"
+        out.append(flat if flat not in out else f"{position:04d}-{flat}")
+    return out
+
+
 def state_json(tree: Tree, feature: str, series: list[tuple[str, bytes]],
-               touched: dict[str, bytes], copies: list[str]) -> bytes:
+               touched: dict[str, bytes | None], copies: list[str], order: int) -> bytes:
     """state.json of a record: `touched` maps each file (relative to the llama.cpp root) to
-    its bytes after the apply; `copies` are relative to the tree's root."""
+    its bytes after the apply (None: the series deletes it); `copies` are relative to the
+    tree's root; `order`: the record's place among the tree's records."""
     by_name = dict(series)
     return json.dumps({
         "schema": SCHEMA,
         "feature": feature,
         "pin": tree.pin,
+        "order": order,
         "patches": [{"name": name, "sha256": sha256(data)} for name, data in series],
-        "files": [{"path": rel, "sha256": sha256(data)} for rel, data in sorted(touched.items())],
+        "files": [{"path": rel, "sha256": None if data is None else sha256(data)}
+                  for rel, data in sorted(touched.items())],
         "series_copies": [{"path": rel, "sha256": sha256(by_name[rel.rsplit("/", 1)[-1]])}
                           for rel in copies],
     }, indent=2).encode() + b"\n"
@@ -131,9 +150,12 @@ class _Reader:
             raise self.bad(f"{what}: {exc.message}") from exc
         return value
 
-    def entry(self, value: Any, what: str, key: str = "path") -> Entry:
+    def entry(self, value: Any, what: str, key: str = "path", gone: bool = False) -> Entry:
+        """A {key, sha256} entry; with `gone`, a sha256 of null (a file the series deletes)."""
         if isinstance(value, str):  # the first format: paths only
             return Entry(self.path(value, what), None)
+        if gone and isinstance(value, dict) and "sha256" in value and value["sha256"] is None:
+            return Entry(self.path(value.get(key), what), None)
         if not isinstance(value, dict) or not _SHA256.fullmatch(str(value.get("sha256"))):
             raise self.bad(f"{what} is not a {{{key}, sha256}} entry: {value!r}")
         return Entry(self.path(value.get(key), what), value["sha256"])
@@ -160,7 +182,7 @@ class _Reader:
             raise self.bad("it lists no patches")
         out = []
         for entry in entries:
-            if not _PATCH_NAME.fullmatch(entry.path):
+            if not _RECORD_NAME.fullmatch(entry.path) or entry.path == STATE:
                 raise self.bad(f"{entry.path!r} is not a patch file name")
             text = self.read(f"{self.rel}/{entry.path}")
             if text is None:
@@ -214,11 +236,14 @@ class _Reader:
         files, copies = data.get("files"), data.get("series_copies", [])
         if not isinstance(files, list) or not files or not isinstance(copies, list):
             raise self.bad("files and series_copies must be lists (files not empty)")
-        touched = [self.entry(f, "a touched file") for f in files]
+        order = data.get("order", 0)
+        if type(order) is not int or order < 0:
+            raise self.bad(f"order is not a count: {order!r}")
+        touched = [self.entry(f, "a touched file", gone="schema" in data) for f in files]
         for entry in touched:
             self.path(in_llama(self.tree, entry.path), "a touched file")
         return Record(self.tree.root / self.rel, self.feature, pin, self.series(data), touched,
-                      [self.copy(self.entry(c, "a series copy")) for c in copies])
+                      [self.copy(self.entry(c, "a series copy")) for c in copies], order)
 
 
 def read_record(tree: Tree, feature: str) -> Record | None:

@@ -62,7 +62,12 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         if then_validate:
             raise UsageError("--validate proves a feature; give --feature, not --series")
     if reverse:
-        outcome = apply_mod.reverse(info, name, pin=pin, force=force, dry_run=dry_run)
+        # the series given must be the one recorded under its name (once it is gone, the
+        # record alone says what to take out)
+        given = read_series(series_dir) if series_dir is not None and series_dir.is_dir() \
+            else None
+        outcome = apply_mod.reverse(info, name, pin=pin, force=force, dry_run=dry_run,
+                                    series=given)
     elif series_dir is not None:
         outcome = apply_mod.apply_series(info, read_series(series_dir), name, pin=pin,
                                          force=force, dry_run=dry_run,

@@ -86,7 +86,8 @@ def _patch_for(llama: Path, work: Path) -> bytes:
     diff = subprocess.run(["git", "diff", "--no-index", "--no-prefix",
                            "a/" + GRAPH, "b/" + GRAPH], cwd=work,
                           capture_output=True, text=True).stdout
-    return ("From: t <t@t>\nSubject: [PATCH] graph: say who fills the inputs\n\n---\n"
+    return ("From: t <t@t>\nDate: Mon, 2 Mar 2026 10:00:00 +0000\n"
+            "Subject: [PATCH] graph: say who fills the inputs\n\n---\n"
             + diff).encode()
 
 

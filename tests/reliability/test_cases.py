@@ -191,6 +191,26 @@ def test_series_copies_outside_the_series_folder_are_refused(patched, tmp_path, 
     assert snapshot(tmp_path) == everything
 
 
+@pytest.mark.parametrize("field, value, said", [
+    ("order", -1, "order is not a count"), ("order", "2", "order is not a count"),
+    ("order", True, "order is not a count"),
+    ("patches", [{"name": "../state.json", "sha256": "0" * 64}], "a patch: "),
+    ("patches", [{"name": "state.json", "sha256": "0" * 64}], "is not a patch file name"),
+    ("patches", [{"name": ".hidden", "sha256": "0" * 64}], "is not a patch file name"),
+    ("files", [{"path": "src/llama-graph.cpp", "sha256": "x"}], "is not a {path, sha256}"),
+])
+def test_the_records_order_patch_names_and_files_are_checked(patched, tmp_path, field, value,
+                                                             said):
+    data = state_json(patched)
+    data[field] = value
+    write_state(patched, data)
+    everything = snapshot(tmp_path)
+    fails(portkit(REVERSE, patched), RecordError.exit_code,
+          f"bad record {patched / RECORD / 'state.json'}: ")
+    assert said in portkit(REVERSE, patched).stderr
+    assert snapshot(tmp_path) == everything
+
+
 @pytest.mark.parametrize("planted", [".portkit", ".portkit/kv-rotation", ".portkit/.lock",
                                      ".portkit/.journal"])
 def test_a_symlink_planted_in_the_record_is_refused(tree, tmp_path, planted):

@@ -1,0 +1,181 @@
+"""`apply --series` with the series a user really has: any file names (a plain `fix.diff`, an
+unnumbered patch, a quilt folder with subfolders), a series that only deletes, two series of
+one name, two series on the same files, and in a fork the copies written as the fork's own
+mails. Each is applied, recorded, shown by `tree info` and taken out again byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from portkit.cli import cli
+from portkit.series import detect_conventions, read_series
+
+from .conftest import commit_all, git, tree_bytes
+
+GRAPH = "src/llama-graph.h"
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def _diff(root: Path, rel: str, old: str, new: str | None) -> str:
+    """A -p1 diff (git's own, `git diff --no-index`) of `rel` under `root` with `old`
+    replaced by `new`; new=None: the file deleted."""
+    work = root.parent / f".diff-{os.getpid()}-{abs(hash((rel, old, new)))}"
+    for side in ("a", "b"):
+        (work / side / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / side / rel).write_text((root / rel).read_text())
+    if new is None:
+        (work / "b" / rel).unlink()
+    else:
+        text = (work / "b" / rel).read_text()
+        assert text.count(old) == 1, (rel, old)
+        (work / "b" / rel).write_text(text.replace(old, new))
+    done = subprocess.run(["git", "diff", "--no-index", "--no-prefix", f"a/{rel}",
+                           f"b/{rel}" if new is not None else "/dev/null"],
+                          cwd=work, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    return done.stdout
+
+
+def _apply(tree: Path, series: Path, *more: str) -> Result:
+    return invoke("apply", "--force", "--tree", str(tree), "--series", str(series), *more)
+
+
+def _round_trip(tree: Path, series: Path, name: str) -> None:
+    before = tree_bytes(tree)
+    applied = _apply(tree, series)
+    assert applied.exit_code == 0, applied.output
+    info = invoke("tree", "info", str(tree), "--format", "json")
+    assert info.exit_code == 0, info.output
+    assert [a["name"] for a in json.loads(info.stdout)["applied"]] == [name]
+    again = _apply(tree, series)
+    assert again.exit_code == 0 and f"{name} is already applied" in again.stdout
+    back = _apply(tree, series, "--reverse")
+    assert back.exit_code == 0, back.output
+    assert tree_bytes(tree) == before
+
+
+@pytest.mark.parametrize("layout", ["plain diff", "unnumbered patch", "quilt subfolder"])
+def test_a_series_of_any_file_names_is_recorded_and_comes_out_again(fixture_tree, tmp_path,
+                                                                   layout):
+    tree = fixture_tree("old")
+    diff = _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n")
+    series = tmp_path / "fixes"
+    if layout == "quilt subfolder":
+        (series / "graph").mkdir(parents=True)
+        (series / "graph" / "note").write_text(diff)
+        (series / "series").write_text("graph/note\n")
+    else:
+        series.mkdir()
+        (series / ("fix.diff" if layout == "plain diff" else "vector.patch")).write_text(diff)
+    _round_trip(tree, series, "fixes")
+
+
+def test_a_series_that_only_deletes_files_is_recorded_and_puts_them_back(fixture_tree,
+                                                                         tmp_path):
+    tree = fixture_tree("old")
+    series = tmp_path / "drop-hparams"
+    series.mkdir()
+    (series / "0001-drop.patch").write_text(_diff(tree, "src/llama-hparams.h", "", None))
+    applied = _apply(tree, series)
+    assert applied.exit_code == 0, applied.output
+    assert not (tree / "src/llama-hparams.h").exists()
+    state = json.loads((tree / ".portkit/drop-hparams/state.json").read_text())
+    assert state["files"] == [{"path": "src/llama-hparams.h", "sha256": None}]
+    back = _apply(tree, series, "--reverse")
+    assert back.exit_code == 0, back.output
+    assert (tree / "src/llama-hparams.h").read_bytes() == (
+        Path(__file__).parent / "fixtures/trees/old/src/llama-hparams.h").read_bytes()
+
+
+def test_another_series_of_the_same_name_is_refused_not_called_applied(fixture_tree,
+                                                                      tmp_path):
+    tree = fixture_tree("old")
+    first, other = tmp_path / "one" / "fixes", tmp_path / "two" / "fixes"
+    for folder, line in ((first, "// one\n"), (other, "// two\n")):
+        folder.mkdir(parents=True)
+        (folder / "0001-note.patch").write_text(
+            _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n" + line))
+    assert _apply(tree, first).exit_code == 0
+    applied = tree_bytes(tree)
+    again = _apply(tree, other)
+    assert again.exit_code == 4 and again.stderr.count("\n") == 1
+    assert "another series named fixes is applied" in again.stderr
+    gone = _apply(tree, other, "--reverse")
+    assert gone.exit_code == 4 and "another series named fixes" in gone.stderr
+    assert tree_bytes(tree) == applied
+
+
+def test_a_series_comes_out_only_from_under_no_later_one_on_its_files(fixture_tree, tmp_path):
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    earlier.mkdir()
+    (earlier / "0001-a.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// earlier\n"))
+    assert _apply(tree, earlier).exit_code == 0
+    later.mkdir()
+    (later / "0001-b.patch").write_text(
+        _diff(tree, GRAPH, "// earlier\n", "// earlier\n// later\n"))
+    assert _apply(tree, later).exit_code == 0
+    both = tree_bytes(tree)
+    refused = _apply(tree, earlier, "--reverse")
+    assert refused.exit_code == 4 and refused.stderr.count("\n") == 1
+    assert "earlier cannot come out from under later" in refused.stderr
+    assert GRAPH in refused.stderr and tree_bytes(tree) == both
+    assert _apply(tree, later, "--reverse").exit_code == 0
+    assert _apply(tree, earlier, "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+
+
+@pytest.mark.parametrize("kind", ["plain diff", "mail of another style"])
+def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, tmp_path, kind):
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    git(fork.root, "config", "user.name", "Fork Dev")
+    git(fork.root, "config", "user.email", "dev@fork.invalid")
+    diff = _diff(llama, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n")
+    series = tmp_path / "fixes"
+    series.mkdir()
+    if kind == "plain diff":
+        (series / "graph-note.diff").write_text(diff)
+    else:
+        (series / "v2-0007-graph-note.patch").write_text(
+            "From 1234567890abcdef1234567890abcdef12345678 Mon Sep 17 00:00:00 2001\n"
+            "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+            "Subject: [PATCH v2 7/9] graph: a note\n\nWhy the note.\n---\n" + diff
+            + "-- \n2.43.0\n\n")
+    patches = fork.root / "llama" / "patches"
+    own = read_series(patches)
+    applied = invoke("apply", "--force", "--tree", str(fork.root), "--series", str(series))
+    assert applied.exit_code == 0, applied.output
+    now = read_series(patches)
+    added = [p for p in now.patches if p.name not in {q.name for q in own.patches}]
+    assert len(added) == 1
+    copy = added[0]
+    assert copy.name == ("0003-graph-note.patch" if kind == "plain diff"
+                         else "0003-graph-a-note.patch")
+    mine = detect_conventions([copy])
+    theirs = own.conventions
+    assert (mine.style, mine.numbered, mine.zero_commit, mine.signature, mine.diffstat) == (
+        theirs.style, theirs.numbered, theirs.zero_commit, theirs.signature, theirs.diffstat)
+    assert copy.author == ("Fork Dev <dev@fork.invalid>" if kind == "plain diff"
+                           else "Some One <one@example.invalid>")
+    # the fork's own tooling (git am in its vendor checkout) takes it as it takes the others
+    git(fork.upstream, "checkout", "--quiet", "fork")
+    git(fork.upstream, "am", "--quiet", str(patches / copy.name))
+    assert "// a note" in (fork.upstream / GRAPH).read_text()
+    commit_all(fork.root, "the note")
+    back = invoke("apply", "--force", "--tree", str(fork.root), "--series", str(series),
+                  "--reverse")
+    assert back.exit_code == 0, back.output
+    assert sorted(p.name for p in read_series(patches).patches) == sorted(
+        p.name for p in own.patches)
