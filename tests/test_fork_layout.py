@@ -186,6 +186,30 @@ def test_the_move_keeps_the_targets_links_and_execute_bits_as_rsync_a_does(
     assert not (side / "ggml-cpu" / "ggml-cpu.cpp").stat().st_mode & 0o111
 
 
+def test_a_series_folder_that_is_a_link_is_refused_in_one_line_not_read_again(
+        real_fork: RealFork):
+    root = real_fork.root
+    (root / "llama" / "patches").rename(root / "llama" / "own-patches")
+    (root / "llama" / "patches").symlink_to("own-patches")
+    commit_all(root, "the series kept elsewhere")
+    before = tree_bytes(root)
+    code, out, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == TreeError.exit_code and err.count("\n") == 1, err
+    assert "llama/patches is a symbolic link" in err and "run it again" in err
+    assert tree_bytes(root) == before
+
+
+def test_a_target_link_out_of_the_tree_is_refused_in_one_line(real_fork: RealFork):
+    (real_fork.target / "src" / "llama-host.h").symlink_to("/etc/hostname")
+    commit_all(real_fork.target, "a link out of the tree")
+    before = tree_bytes(real_fork.root)
+    code, out, err = _run("rebase", "--fork", str(real_fork.root), "--onto",
+                          str(real_fork.target))
+    assert code == TreeError.exit_code and err.count("\n") == 1, err
+    assert "src/llama-host.h" in err and "outside the tree" in err
+    assert tree_bytes(real_fork.root) == before
+
+
 @pytest.mark.parametrize("line, named", [
     ("merge other.rules", "merge rule 'merge other.rules'"),
     (". other.rules", "merge rule '. other.rules'"),

@@ -162,6 +162,10 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
     from portkit.tree import detect
 
     refuse_self_target(fork, target, target_label)
+    for rel in _FORK_FOLDERS:
+        if (fork.root / rel).is_symlink():
+            raise TreeError(f"{fork.root / rel} is a symbolic link: portkit moves a fork whose "
+                            f"{rel} is a folder of its own (make it one, then run it again)")
     if target.pin is None or not re.fullmatch(r"[0-9a-fA-F]{7,40}", target.pin):
         raise TreeError(f"the commit of {target.root} is not known: the fork's pin cannot "
                            "be moved to it (give a git target)")
