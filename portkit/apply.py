@@ -246,8 +246,9 @@ def refuse_uncommitted(root: Path, files: list[str]) -> None:
     """Refuse `files` (relative to `root`) with uncommitted changes in the repository holding
     `root`. The check
     only reads: git takes no lock on the index and does not refresh it, and files whose
-    bytes are those of the index are known clean without `git status` (which could run a
-    clean filter or a file-system monitor that the repository's configuration names)."""
+    bytes are those of the index, or that are neither in it nor on disk (new files), are
+    known clean without `git status` (which could run a clean filter or a file-system
+    monitor that the repository's configuration names)."""
     if not files or not _enclosing_repository(root):
         return
     listed = git(["ls-files", "--stage", "-z", "--", *files], cwd=root, check=False)
@@ -258,7 +259,12 @@ def refuse_uncommitted(root: Path, files: list[str]) -> None:
                         f"git ls-files failed: {last_line(listed)}")
     staged = {entry.split("\t", 1)[1]: entry.split()[1]
               for entry in listed.stdout.split("\0") if "\t" in entry}
-    if sorted(staged) == sorted(files) and all((root / f).is_file() for f in files):
+    # a file neither in the index nor on disk is one the series makes: nothing to lose
+    files = [f for f in files if f in staged or os.path.lexists(root / f)]
+    if not files:
+        return
+    if sorted(staged) == sorted(files) and all((root / f).is_file() and not
+                                               (root / f).is_symlink() for f in files):
         hashed = git(["hash-object", "--no-filters", "--", *files], cwd=root)
         if hashed.stdout.split() == [staged[f] for f in files]:
             return

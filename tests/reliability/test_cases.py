@@ -128,9 +128,20 @@ def test_sigkill_during_the_dirty_check_leaves_no_index_lock(tree, work, point):
     assert portkit(APPLY, tree).returncode == expected
 
 
-def test_the_repositorys_config_runs_no_program_during_the_dirty_check(tree, work):
+@pytest.mark.parametrize("what", ["the feature", "a series making a new file"])
+def test_the_repositorys_config_runs_no_program_during_the_dirty_check(tree, work, what):
     """An sdist ships .git/modules/vendor/llama.cpp/config: a file-system monitor or a clean
-    filter named there must not run when portkit checks for uncommitted changes."""
+    filter named there must not run when portkit checks for uncommitted changes (a file the
+    series makes is in neither the index nor the tree: nothing to ask git status about)."""
+    args = APPLY
+    if what == "a series making a new file":
+        series = work / "new-file"
+        series.mkdir()
+        (series / "0001-new.patch").write_text(
+            "--- a/src/llama-graph.h\n+++ b/src/llama-graph.h\n@@ -1,2 +1,3 @@\n #pragma once\n"
+            "+#include \"llama-new.h\"\n \n"
+            "--- /dev/null\n+++ b/src/llama-new.h\n@@ -0,0 +1 @@\n+#pragma once\n")
+        args = [*APPLY, "--series", str(series)]
     gitdir = submodule_checkout(tree)
     marker = work / "ran"
     hook = work / "hook.sh"
@@ -145,7 +156,7 @@ def test_the_repositorys_config_runs_no_program_during_the_dirty_check(tree, wor
     for path in (llama / "src").iterdir():
         os.utime(path, (1, 1))  # stale stat data: git would hash the files again
     index = (gitdir / "index").read_bytes()
-    run = portkit(APPLY, tree)
+    run = portkit(args, tree)
     assert run.returncode == 0, run.stderr
     assert not marker.exists()
     assert (gitdir / "index").read_bytes() == index
