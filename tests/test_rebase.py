@@ -260,11 +260,35 @@ def test_each_patch_is_carried_as_a_careful_maintainer_would(small, tmp_path):
         want = dict(state)
         for rel, (old, new) in edits.items():
             want[rel] = edit((want[rel] or b"").decode(), old, new).encode()
-        got = git_apply(state, [carried[row.file]], tmp_path / f"apply-{n}") \
+        got = git_apply(state, [carried[row.output]], tmp_path / f"apply-{n}") \
             if row.output else state
-        assert (row.output is not None) == bool(edits) == (row.file in carried), row
+        assert (row.output is not None) == bool(edits) == (row.output in carried), row
         assert got == want, row.file
         state = want
+
+
+def test_a_series_numbered_without_gaps_is_numbered_again_once_a_patch_drops(small):
+    """As `git format-patch` numbers the series made again: the patches after a dropped one
+    take the numbers after the one before it, each keeping its slug."""
+    base, target, folder = small
+    series = read_series(folder)
+    done = rb.rebase(series, detect(target), base=detect(base))
+    dropped = [r.file for r in done.report.patches if r.output is None]
+    assert dropped  # the small series has a patch upstream took
+    kept = [r for r in done.report.patches if r.output is not None]
+    assert [r.output[:5] for r in kept] == [f"{n:04d}-" for n in range(1, len(kept) + 1)]
+    assert all(r.output[5:] == r.file[5:] for r in kept)
+    assert [p.name for p in done.series.patches] == [r.output for r in kept]
+
+
+def test_a_series_with_gaps_of_its_own_keeps_its_names(small, tmp_path):
+    base, target, folder = small
+    gapped = tmp_path / "gapped"
+    gapped.mkdir()
+    for n, patch in enumerate(sorted(folder.glob("*.patch"))):
+        (gapped / f"{10 * (n + 1):04d}{patch.name[4:]}").write_bytes(patch.read_bytes())
+    done = rb.rebase(read_series(gapped), detect(target), base=detect(base))
+    assert all(r.output in (None, r.file) for r in done.report.patches)
 
 
 def test_the_base_may_be_another_commit_of_the_target_repository(small, offline_cache):
@@ -301,7 +325,8 @@ def test_carried_patches_keep_their_mail_and_look_like_git(small, tmp_path):
     base, target, folder = small
     series = read_series(folder)
     done = rb.rebase(series, detect(target), base=detect(base))
-    originals = {p.name: p for p in series.patches}
+    by_name = {p.name: p for p in series.patches}
+    originals = {r.output: by_name[r.file] for r in done.report.patches if r.output}
     assert done.series.conventions == series.conventions
     for patch in done.series.patches:
         old = originals[patch.name]
@@ -572,12 +597,12 @@ def test_fork_series_carries_as_by_hand_or_says_so(registry_tree, tmp_path, vers
     for n, row in enumerate(done.report.patches):
         want = git_apply(state, [hand[row.file]], tmp_path / f"hand-{n}") \
             if row.file in hand else state
-        got = git_apply(state, [ours[row.file]], tmp_path / f"ours-{n}") \
-            if row.file in ours else state
+        got = git_apply(state, [ours[row.output]], tmp_path / f"ours-{n}") \
+            if row.output in ours else state
         if got == want:
             right.append(row.file)
-            if row.file in ours:  # byte for byte, but for what names the files before it
-                mine, theirs = ours[row.file].data, hand[row.file].data
+            if row.output in ours:  # byte for byte, but for what names the files before it
+                mine, theirs = ours[row.output].data, hand[row.file].data
                 if diverged:  # `index` lines and @@ line numbers
                     mine, theirs = (re.sub(rb"\n@@ -\d+(,\d+)? \+\d+(,\d+)? @@", b"\n@@", re.sub(
                         rb"\nindex \S+", b"", x)) for x in (mine, theirs))

@@ -6,11 +6,13 @@ style with git's diff of what it does on the target, and written to --out all at
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from portkit.errors import UnreadablePatch, UsageError
@@ -161,9 +163,41 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                           target_label, target.pin, tuple(rows), fork=fork is not None,
                           not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
                           if scoped else (), base_tree=base_label)
+    names = _renumbered(series, [p.name for p in carried], [u.name for u in series.unreadable
+                                                             if not u.cover])
+    if names:
+        carried = [replace(p, name=names.get(p.name, p.name)) for p in carried]
+        kept = {names.get(name, name): data for name, data in kept.items()}
+        rows = [replace(r, output=names.get(r.output, r.output)) if r.output else r
+                for r in rows]
+        report = replace(report, patches=tuple(rows))
     out = Series(series.folder, series.kind, tuple(carried), series.conventions,
                  series.series_file, series.unreadable)
     return Rebased(report, out, {**kept, **side}, changed)
+
+
+_NUMBERED = re.compile(r"(\d{4})-(.+)")
+
+
+def _renumbered(series: Series, carried: list[str], kept: list[str]) -> dict[str, str]:
+    """The new file names of a series numbered without gaps (NNNN-, from its first number,
+    as `git format-patch` numbers a series made again) once patches are left out of it: the
+    ones after a gap numbered again, each keeping the rest of its name. A series that had
+    gaps of its own, is quilt's, or numbers its subjects ([PATCH n/m]) keeps its names."""
+    order = [p.name for p in series.in_order() if not getattr(p, "cover", False)]
+    found = [_NUMBERED.fullmatch(name) for name in order]
+    if series.kind == "quilt" or series.conventions.numbered or not order or None in found:
+        return {}
+    numbers = [int(m.group(1)) for m in found if m]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        return {}
+    left = set(carried) | set(kept)
+    names, number = {}, numbers[0]
+    for name, m in zip(order, found, strict=True):
+        if name in left and m:
+            names[name] = f"{number:04d}-{m.group(2)}"
+            number += 1
+    return {old: new for old, new in names.items() if old != new}
 
 
 @contextmanager
