@@ -210,6 +210,27 @@ def test_a_target_link_out_of_the_tree_is_refused_in_one_line(real_fork: RealFor
     assert tree_bytes(real_fork.root) == before
 
 
+def test_the_move_numbers_the_series_again_when_a_patch_in_its_middle_drops(
+        real_fork: RealFork):
+    """ollama makes its series again with git format-patch: no gap where a patch dropped."""
+    root, patches = real_fork.root, real_fork.root / "llama" / "patches"
+    names = sorted(p.name for p in patches.glob("*.patch"))
+    upstreamed = names[3]  # the helper upstream adds later: put second, it drops
+    order = [names[0], upstreamed, names[1], names[2]]
+    for n, name in enumerate(order, 1):
+        (patches / name).rename(patches / f"x{n:04d}{name[4:]}")
+    for path in patches.glob("x*"):
+        path.rename(patches / path.name[1:])
+    commit_all(root, "the helper second")
+    old = {p.name[5:]: p.read_bytes() for p in patches.glob("*.patch")}
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == 20, err
+    now = sorted(p.name for p in patches.glob("*.patch"))
+    assert now == [f"{n:04d}-{name[5:]}" for n, name in
+                   enumerate([order[0], order[2], order[3]], 1)]
+    assert (patches / now[2]).read_bytes() == old[now[2][5:]]  # not vendored: as it was
+
+
 @pytest.mark.parametrize("line, named", [
     ("merge other.rules", "merge rule 'merge other.rules'"),
     (". other.rules", "merge rule '. other.rules'"),

@@ -191,11 +191,10 @@ def _plan(fork: Tree, target: Tree, base: Tree | None, target_label: str) -> For
     move.changes += _pin_changes(fork, move.pin)
     folder = fork.series_dir.relative_to(fork.root).as_posix()
     kept = {p.name: p.data for p in rebased.series.patches}
-    for patch in series.patches:
-        if patch.name not in kept:
-            move.changes.append(Delete(f"{folder}/{patch.name}"))
-        elif kept[patch.name] != patch.data:
-            move.changes.append(Write(f"{folder}/{patch.name}", kept[patch.name]))
+    had = {p.name: p.data for p in series.patches}
+    move.changes += [Delete(f"{folder}/{name}") for name in had if name not in kept]
+    move.changes += [Write(f"{folder}/{name}", data) for name, data in kept.items()
+                     if had.get(name) != data]  # carried anew, or numbered again
     return move
 
 
