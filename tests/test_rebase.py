@@ -778,6 +778,29 @@ def test_compile_charges_an_error_to_the_patch_that_wrote_the_line(tmp_path):
     assert replace(checked.report, patches=done.report.patches) == done.report
 
 
+def test_compile_charges_the_patch_by_its_name_in_the_series_numbered_again(tmp_path):
+    """Once an upstreamed patch drops, the broken one is 0001 in the carried series (it was
+    0002): the error is still charged to it."""
+    scale = ("int llama_scale(int x) {\n    int k = 4;\n    int r = x * k;\n\n    // scale\n"
+             "    r = r * 2;\n    r = r + 1;\n    return r;\n}\n")
+    renamed = scale.replace("int k = 4;", "int factor = 4;").replace("x * k;", "x * factor;")
+    base, target, folder = project(
+        tmp_path, {**BASE, "src/llama.cpp": LLAMA + "\n" + scale},
+        {**BASE, "src/llama.cpp": LLAMA + "\n" + renamed.replace(
+            "    return r;\n", "    // checked\n    return r;\n")}, [
+            ("scale: say it is checked", {"src/llama.cpp": (
+                "    return r;\n", "    // checked\n    return r;\n")}),
+            ("scale: count twice", {"src/llama.cpp": ("    r = r * 2;\n",
+                                                      "    r = r * 2;\n    r += k;\n")})])
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    upstreamed, broken = done.report.patches
+    assert upstreamed.status == rb.DROPPED and broken.output is not None
+    assert broken.file.startswith("0002-") and broken.output.startswith("0001-")
+    checked = rb.compile_check(done, detect(target))
+    assert checked.report.patches[1].status == rb.NEEDS_REVIEW
+    assert "it does not compile" in checked.report.patches[1].reason
+
+
 def test_a_hunk_text_lands_in_the_wrong_function_is_carried_for_review(tmp_path):
     """Upstream added a function whose body reads like the one the patch changes, right
     where that one was, and reworded a line of the latter: git apply (and GNU patch) find

@@ -106,8 +106,8 @@ def compile_check(rebased: Rebased, target: Tree) -> Rebased:
                     charged.setdefault(patch, []).append(str(error))
     rows = []
     for row in rebased.report.patches:
-        errors = charged.get(row.file)
-        if errors and row.output is not None:
+        errors = charged.get(row.output) if row.output is not None else None
+        if errors:  # charged to the carried patch, by its name in the carried series
             row = RebasedPatch(row.file, row.subject, NEEDS_REVIEW,
                                f"it does not compile: {'; '.join(errors[:3])}; {row.reason}",
                                row.output, row.conflict)
