@@ -403,7 +403,7 @@ def _as_fork_patches(tree: Tree, series: Series) -> Series:
         stem = _NUMBER.sub("", PurePosixPath(patch.name).name)
         stem = stem.rsplit(".", 1)[0] if stem.endswith(PATCH_SUFFIXES) else stem
         out.append(new_patch(
-            conventions, subject=patch.subject or stem, body=patch.body,
+            conventions, subject=patch.subject or stem or "patch", body=patch.body,
             author=patch.author if patch.author is not None else _author(tree, patch.name),
             date=patch.date or datetime.now(UTC).astimezone(), diff=patch.diff,
             number=first + i, total=total))
@@ -412,15 +412,17 @@ def _as_fork_patches(tree: Tree, series: Series) -> Series:
 
 def _author(tree: Tree, name: str) -> str:
     """`Name <email>` as git would write the user as an author: GIT_AUTHOR_NAME and
-    GIT_AUTHOR_EMAIL, else user.name and user.email of git's configuration (only read)."""
+    GIT_AUTHOR_EMAIL, else author.name and author.email, else user.name and user.email of
+    git's configuration (only read)."""
     import git as gitpython
 
     user = os.environ.get("GIT_AUTHOR_NAME"), os.environ.get("GIT_AUTHOR_EMAIL")
     if not all(user):
         try:
             config = gitpython.Repo(tree.root, search_parent_directories=True).config_reader()
-            user = (user[0] or str(config.get_value("user", "name", "")),
-                    user[1] or str(config.get_value("user", "email", "")))
+            user = tuple(user[k] or str(config.get_value("author", key, "")) or
+                         str(config.get_value("user", key, ""))
+                         for k, key in enumerate(("name", "email")))  # type: ignore[assignment]
         except Exception:  # no repository, or a configuration that cannot be read
             pass
     if not user[0] or not user[1]:

@@ -98,7 +98,11 @@ def record_names(names: list[str]) -> list[str]:
     for position, name in enumerate(names, 1):
         flat = re.sub(r"[^A-Za-z0-9._+~-]", "_", name.replace("/", "--"))[:190]
         flat = flat if _RECORD_NAME.fullmatch(flat) and flat != STATE else f"patch-{flat}"
-        out.append(flat if flat not in out else f"{position:04d}-{flat}")
+        kept, again = flat, 0
+        while kept in out or kept in names[position:]:  # never one another patch has
+            again += 1
+            kept = f"{position:04d}-{again}-{flat}"
+        out.append(kept)
     return out
 
 
@@ -242,8 +246,15 @@ class _Reader:
         touched = [self.entry(f, "a touched file", gone="schema" in data) for f in files]
         for entry in touched:
             self.path(in_llama(self.tree, entry.path), "a touched file")
-        return Record(self.tree.root / self.rel, self.feature, pin, self.series(data), touched,
-                      [self.copy(self.entry(c, "a series copy")) for c in copies], order)
+        series = self.series(data)
+        own = {name: sha256(text) for name, text in series}
+        checked = [self.copy(self.entry(c, "a series copy")) for c in copies]
+        for entry in checked:  # a copy is one of the record's own patches, never another file
+            name = entry.path.rsplit("/", 1)[-1]
+            if name not in own or entry.sha256 not in (None, own[name]):
+                raise self.bad(f"series copy {entry.path} is not one of its patches")
+        return Record(self.tree.root / self.rel, self.feature, pin, series, touched, checked,
+                      order)
 
 
 def read_record(tree: Tree, feature: str) -> Record | None:

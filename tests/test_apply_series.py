@@ -5,6 +5,7 @@ mails. Each is applied, recorded, shown by `tree info` and taken out again byte 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -77,6 +78,18 @@ def test_a_series_of_any_file_names_is_recorded_and_comes_out_again(fixture_tree
         series.mkdir()
         (series / ("fix.diff" if layout == "plain diff" else "vector.patch")).write_text(diff)
     _round_trip(tree, series, "fixes")
+
+
+def test_patches_whose_names_flatten_alike_are_each_kept_under_their_own(fixture_tree,
+                                                                        tmp_path):
+    tree = fixture_tree("old")
+    series = tmp_path / "alike"
+    series.mkdir()
+    files = ["src/llama-graph.h", "src/llama-hparams.h", "src/llama-kv-cache-unified.h"]
+    for name, rel in zip(["0003-a_b.patch", "a b.patch", "a_b.patch"], files, strict=True):
+        (series / name).write_text(_diff(tree, rel, "#pragma once\n", "#pragma once\n// x\n"))
+    _round_trip(tree, series, "alike")
+    assert not (tree / ".portkit").exists()
 
 
 def test_a_series_that_only_deletes_files_is_recorded_and_puts_them_back(fixture_tree,
@@ -179,3 +192,30 @@ def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, t
     assert back.exit_code == 0, back.output
     assert sorted(p.name for p in read_series(patches).patches) == sorted(
         p.name for p in own.patches)
+
+
+def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork, tmp_path):
+    """A reverse deletes a record's copies: a copy must be one of the record's own patches,
+    with its checksum, never another patch of the fork's series."""
+    fork = fixture_fork("old")
+    llama, patches = fork.root / "llama" / "llama.cpp", fork.root / "llama" / "patches"
+    series = tmp_path / "fixes"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] graph: a note\n\n---\n"
+        + _diff(llama, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    assert invoke("apply", "--force", "--tree", str(fork.root), "--series",
+                  str(series)).exit_code == 0
+    own = sorted(patches.glob("0001-*.patch"))[0]
+    state_file = fork.root / ".portkit" / "fixes" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["series_copies"].append({"path": f"llama/patches/{own.name}",
+                                   "sha256": hashlib.sha256(own.read_bytes()).hexdigest()})
+    state_file.write_text(json.dumps(state))
+    before = tree_bytes(fork.root)
+    back = invoke("apply", "--force", "--tree", str(fork.root), "--series", str(series),
+                  "--reverse")
+    assert back.exit_code == 6 and back.stderr.count("\n") == 1
+    assert f"series copy llama/patches/{own.name} is not one of its patches" in back.stderr
+    assert tree_bytes(fork.root) == before

@@ -231,6 +231,15 @@ def test_the_move_numbers_the_series_again_when_a_patch_in_its_middle_drops(
     assert (patches / now[2]).read_bytes() == old[now[2][5:]]  # not vendored: as it was
 
 
+def test_a_patch_the_move_cannot_read_is_named_by_its_path_in_the_fork(real_fork: RealFork):
+    root = real_fork.root
+    (root / "llama" / "patches" / "0002-zjunk.patch").write_text("not a patch\n")
+    commit_all(root, "a stray file")
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == 12 and err.count("\n") == 1
+    assert f"portkit: {root}/llama/patches/0002-zjunk.patch: no diff in it" in err
+
+
 @pytest.mark.parametrize("line, named", [
     ("merge other.rules", "merge rule 'merge other.rules'"),
     (". other.rules", "merge rule '. other.rules'"),

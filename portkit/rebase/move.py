@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.apply import refuse_uncommitted
-from portkit.errors import ApplyConflict, TreeError, UsageError
+from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.fork import (
     FILTER,
     Vendoring,
@@ -174,7 +174,12 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
         copy = detect(tmp / "fork")
         if copy.layout != OLLAMA or copy.series_dir is None:  # moved away as it was read
             raise TreeError(f"{fork.root} changed while portkit read it: run it again")
-        move = _plan(copy, target, base, target_label)
+        try:
+            move = _plan(copy, target, base, target_label)
+        except PortkitError as exc:  # named as the user knows it, not as the private copy
+            exc.message = exc.message.replace(str(tmp / "fork"), str(fork.root))
+            exc.args = (exc.message,)
+            raise
     move.fork, move.state = fork, state
     move.target, move.base, move.target_label = target, base, target_label
     return move

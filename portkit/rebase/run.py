@@ -163,8 +163,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
                           target_label, target.pin, tuple(rows), fork=fork is not None,
                           not_vendored=tuple((u.patch, u.path) for u in scoped.unvendored)
                           if scoped else (), base_tree=base_label)
-    names = _renumbered(series, [p.name for p in carried], [u.name for u in series.unreadable
-                                                             if not u.cover])
+    names = _renumbered(series, {r.file for r in rows if r.status == DROPPED})
     if names:
         carried = [replace(p, name=names.get(p.name, p.name)) for p in carried]
         kept = {names.get(name, name): data for name, data in kept.items()}
@@ -179,11 +178,12 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
 _NUMBERED = re.compile(r"(\d{4})-(.+)")
 
 
-def _renumbered(series: Series, carried: list[str], kept: list[str]) -> dict[str, str]:
+def _renumbered(series: Series, dropped: set[str]) -> dict[str, str]:
     """The new file names of a series numbered without gaps (NNNN-, from its first number,
-    as `git format-patch` numbers a series made again) once patches are left out of it: the
-    ones after a gap numbered again, each keeping the rest of its name. A series that had
-    gaps of its own, is quilt's, or numbers its subjects ([PATCH n/m]) keeps its names."""
+    as `git format-patch` numbers a series made again) once patches drop out of it: the
+    ones after a gap numbered again, each keeping the rest of its name. A patch left for a
+    human keeps its number (its side file is named by it, and it comes back). A series that
+    had gaps of its own, is quilt's, or numbers its subjects ([PATCH n/m]) keeps its names."""
     order = [p.name for p in series.in_order() if not getattr(p, "cover", False)]
     found = [_NUMBERED.fullmatch(name) for name in order]
     if series.kind == "quilt" or series.conventions.numbered or not order or None in found:
@@ -191,10 +191,9 @@ def _renumbered(series: Series, carried: list[str], kept: list[str]) -> dict[str
     numbers = [int(m.group(1)) for m in found if m]
     if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
         return {}
-    left = set(carried) | set(kept)
     names, number = {}, numbers[0]
     for name, m in zip(order, found, strict=True):
-        if name in left and m:
+        if name not in dropped and m:
             names[name] = f"{number:04d}-{m.group(2)}"
             number += 1
     return {old: new for old, new in names.items() if old != new}
