@@ -464,11 +464,21 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
 
 def _refuse_another(record: Record, series: Series | None, then: str) -> None:
     """Refuse (TreeError) when `series` is not the series `record` applied under its name
-    (not the same diffs: the copies in a fork are the same diffs in the fork's mails)."""
-    if series is not None and [p.diff for p in series.patches] != [
-            parse_patch(n, data).diff for n, data in record.series]:
+    (not the same diffs, line numbers aside: the copies in a fork are the same diffs in the
+    fork's mails, moved along with the fork)."""
+    if series is not None and [_lines_of(p.diff) for p in series.patches] != [
+            _lines_of(parse_patch(n, data).diff) for n, data in record.series]:
         raise TreeError(f"another series named {record.feature} is applied to this tree (its "
                         f"patches differ from those in {series.folder}): {then}")
+
+
+_WHERE = re.compile(r"^(@@ [^@]* @@).*$|^index .*$", re.M)
+
+
+def _lines_of(diff: str) -> str:
+    """A diff without what a fork move changes when it carries it as it is: its hunks' line
+    numbers and headings, its `index` lines."""
+    return _WHERE.sub("@@", diff)
 
 
 def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bool,

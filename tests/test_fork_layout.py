@@ -7,6 +7,7 @@ itself), refuse by name what they do not read, and treat a dropped patch as news
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -238,6 +239,44 @@ def test_a_patch_the_move_cannot_read_is_named_by_its_path_in_the_fork(real_fork
     code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
     assert code == 12 and err.count("\n") == 1
     assert f"portkit: {root}/llama/patches/0002-zjunk.patch: no diff in it" in err
+
+
+def test_the_move_carries_the_record_of_a_series_apply_added(real_fork: RealFork,
+                                                              tmp_path: Path):
+    """A series `apply` added to the fork is carried by the move like the fork's own patches:
+    its record follows its copy (numbered again after the patch that drops), so --reverse
+    takes out what the fork now holds, and its copy with it."""
+    from tests.test_apply_series import GRAPH, _diff
+
+    root, patches = real_fork.root, real_fork.root / "llama" / "patches"
+    series = tmp_path / "myfix"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] graph: a note\n\n---\n" + _diff(
+            root / "llama" / "llama.cpp", GRAPH, "struct ggml_cgraph;\n",
+            "struct ggml_cgraph;\n// a note\n"))
+    assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
+    assert (patches / "0005-graph-a-note.patch").is_file()
+    commit_all(root, "a note, by portkit")
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == 20, err
+    moved = patches / "0004-graph-a-note.patch"  # 0004 dropped: upstream has it
+    state = json.loads((root / ".portkit" / "myfix" / "state.json").read_text())
+    assert state["series_copies"] == [{"path": "llama/patches/0004-graph-a-note.patch",
+                                       "sha256": hashlib.sha256(moved.read_bytes()).hexdigest()}]
+    assert sorted(p.name for p in (root / ".portkit" / "myfix").iterdir()) == [
+        "0004-graph-a-note.patch", "state.json"]
+    assert state["pin"] == git(real_fork.target, "rev-parse", "HEAD").strip()
+    commit_all(root, "moved")
+    vendored = root / "llama" / "llama.cpp" / GRAPH
+    assert "// a note" in vendored.read_text()
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                          "--reverse")
+    assert code == 0, err
+    assert not moved.exists() and "// a note" not in vendored.read_text()
+    assert vendored.read_bytes() == (real_fork.target / GRAPH).read_bytes()
+    assert not (root / ".portkit" / "myfix").exists()
 
 
 @pytest.mark.parametrize("line, named", [

@@ -23,9 +23,19 @@ from portkit.rebase.compile import compile_check
 from portkit.rebase.report import DROPPED, NEEDS_HUMAN, NEEDS_REVIEW, Rebased, RebasedPatch
 from portkit.rebase.run import _scratch, rebase
 from portkit.series import (
+    parse_patch,
     read_series,
 )
-from portkit.transaction import Delete, Write, checkpoint, settle, transaction, tree_lock
+from portkit.transaction import (
+    Change,
+    Delete,
+    RemoveFolder,
+    Write,
+    checkpoint,
+    settle,
+    transaction,
+    tree_lock,
+)
 from portkit.tree import OLLAMA, Tree, pin_matches
 
 # Read as bytes, and only the commit itself rewritten: a CRLF file or one with bytes that
@@ -102,7 +112,7 @@ class ForkMove:
     fork: Tree
     rebased: Rebased
     pin: str
-    changes: list[Write | Delete] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
     state: dict[str, str] = field(default_factory=dict)
     # how it was planned, to plan it again on the fork as it is once the lock is taken
     target: Tree | None = None
@@ -180,6 +190,7 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
             exc.message = exc.message.replace(str(tmp / "fork"), str(fork.root))
             exc.args = (exc.message,)
             raise
+        move.changes += _records_moved(fork, copy, move)
     move.fork, move.state = fork, state
     move.target, move.base, move.target_label = target, base, target_label
     return move
@@ -201,6 +212,57 @@ def _plan(fork: Tree, target: Tree, base: Tree | None, target_label: str) -> For
     move.changes += [Write(f"{folder}/{name}", data) for name, data in kept.items()
                      if had.get(name) != data]  # carried anew, or numbered again
     return move
+
+
+def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
+    """The records `apply` left in the fork (.portkit/<name>/) carried with the move: each
+    of its patches is its copy in llama/patches as the move writes it (numbered again, made
+    for the new tree), so that --reverse takes out what the fork now holds, and removes the
+    copy by its new name; a patch that drops (upstream has it) leaves the record, and a
+    record left with no patch goes. The record of a copy the move did not carry (taken out
+    of the series by hand) stays as it was."""
+    from dataclasses import replace
+
+    from portkit.record import applied, in_llama, record_rel, state_json
+
+    rows = {row.file: row for row in move.rebased.report.patches}
+    kept = {p.name: p.data for p in move.rebased.series.patches}
+    written = {c.rel: c.data if isinstance(c, Write) else None for c in move.changes}
+    assert fork.series_dir is not None
+    folder = fork.series_dir.relative_to(fork.root).as_posix()
+    changes: list[Change] = []
+    for record in applied(fork):
+        copies = {c.path for c in record.copies}
+        series = []
+        for name, data in record.series:
+            row = rows.get(name) if f"{folder}/{name}" in copies else None
+            if row is None:
+                series.append((name, data))
+            elif row.output is not None:
+                series.append((row.output, kept[row.output]))
+        if series == record.series:
+            continue
+        rel = record_rel(record.feature)
+        names = {name for name, _ in series}
+        changes += [Delete(f"{rel}/{name}", record=True) for name, _ in record.series
+                    if name not in names]
+        if not series:
+            changes += [Delete(f"{rel}/state.json", record=True),
+                        RemoveFolder(rel, record=True)]
+            continue
+        changes += [Write(f"{rel}/{name}", data, record=True) for name, data in series]
+        touched = {}
+        for path in dict.fromkeys([*record.files, *(p for name, data in series
+                                                     for p in parse_patch(name, data).paths)]):
+            where = in_llama(copy, path)
+            touched[path] = written[where] if where in written else (
+                (copy.root / where).read_bytes() if (copy.root / where).is_file() else None)
+        now = replace(fork, pin=move.pin)
+        changes.append(Write(f"{rel}/state.json", state_json(
+            now, record.feature, series, touched,
+            [f"{folder}/{name}" for name, _ in series if f"{folder}/{name}" in copies
+             or name not in dict(record.series)], record.order), record=True))
+    return changes
 
 
 def _vendored(fork: Tree, target: Tree, carried: dict[str, bytes | None]) -> list[Write | Delete]:
@@ -304,7 +366,8 @@ def move_fork(move: ForkMove, *, replan: bool = True) -> tuple[ForkMove, str | N
             move = again
             if move.blocked:
                 return move, said
-        refuse_uncommitted(root, [c.rel for c in move.changes])
+        # portkit's own records under .portkit are carried with the move, committed or not
+        refuse_uncommitted(root, [c.rel for c in move.changes if not c.record])
         with transaction(root, f"rebase onto {move.pin[:12]}", move.changes):
             checkpoint("rebase:written")
     return move, said
