@@ -50,7 +50,10 @@ from portkit.series import (
     PORTKIT,
     REGULAR,
     Conventions,
+    Patch,
     Series,
+    git_diff,
+    heading_drivers,
     new_patch,
     next_number,
     parse_patch,
@@ -141,22 +144,27 @@ def git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None
 
 
 def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
-                     reverse: bool = False) -> dict[str, bytes | None]:
+                     reverse: bool = False, strips: Sequence[int] | None = None,
+                     ) -> dict[str, bytes | None]:
     """What each of `files` (relative to `root`) holds once the series `patches` ((name,
     text), in series order) is applied, or taken out with reverse=True; None: it is gone.
     Worked out by the per-hunk engine (GNU patch, offsets allowed, no fuzz) on copies in a
     private folder of the cache: `root` is only read. Any hunk that does not land is an
     ApplyConflict naming the patch, the file and the hunk."""
     return {rel: None if entry is None else entry[0]
-            for rel, entry in patched_files(root, files, patches, reverse).items()}
+            for rel, entry in patched_files(root, files, patches, reverse, strips).items()}
 
 
 def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
-                  reverse: bool = False) -> dict[str, tuple[bytes, int] | None]:
+                  reverse: bool = False, strips: Sequence[int] | None = None,
+                  ) -> dict[str, tuple[bytes, int] | None]:
     """patched_contents with git's mode of each file (REGULAR, EXECUTABLE, SYMLINK: then the
-    bytes are the link's target). A symbolic link in the tree is read, never followed, only
+    bytes are the link's target; `strips`: each patch's -pN, 1 where not given). A symbolic
+    link in the tree is read, never followed, only
     where the series itself says the file is one."""
-    parsed = [parse_patch(name, text) for name, text in patches]
+    levels = list(strips) if strips is not None else [1] * len(patches)
+    parsed = [parse_patch(name, text, strip=level)
+              for (name, text), level in zip(patches, levels, strict=True)]
     # every path the series names: a record lists the files present after it only
     files = list(dict.fromkeys([*files, *(p for patch in parsed for p in patch.paths)]))
     links = {p for patch in parsed for f in patch.files if f.is_symlink
@@ -202,7 +210,8 @@ def unpatched_view(tree: Tree, feature: str, patterns: Sequence[str]) -> Iterato
     if record is None:
         yield tree
         return
-    restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
+    restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True,
+                                strips=record.levels)
     folders = cache_dir("scratch")
     with scratch(folders, ".view-") as private:
         for rel in [*source_files(tree.llama_root, patterns), "include/llama.h"]:
@@ -391,23 +400,49 @@ _NUMBER = re.compile(r"^\d{4}-")
 def _as_fork_patches(tree: Tree, series: Series) -> Series:
     """The series as the fork's own patches, with its next numbers: each written again as
     `git format-patch` writes the fork's series (its options, the file names it gives), with
-    the patch's own subject, author, date, message and diff. A plain diff gets its file name
-    as its subject and the author git's configuration names: `git am` applies only mails."""
+    the patch's own subject, author, date, message and diff. A plain diff (any -pN) is
+    written as git's diff of the change it makes (`diff --git`, `index` lines, headings as
+    the fork's series has them), with its file name as its subject and the author git's
+    configuration names: `git am` applies only mails."""
     conventions = fork_conventions(tree)
+    assert tree.series_dir is not None
+    try:
+        drivers = heading_drivers(read_series(tree.series_dir, lenient=True).patches)
+    except PortkitError:
+        drivers = {}
     first, total = conventions.next_number, conventions.next_number + len(series.patches) - 1
-    out = []
+    out: list[Patch] = []
+    before: list[tuple[str, bytes, int]] = []  # the patches so far, with their -pN
     for i, patch in enumerate(series.patches):
-        if patch.strip != 1:
-            raise UsageError(f"{series.folder / patch.name} is a -p{patch.strip} patch: a fork's "
-                             f"series holds -p1 patches (git am); write it as one first")
+        diff = patch.diff
+        if not all(f.git for f in patch.files):
+            diff = _git_form(tree, before, patch, conventions.abbrev, drivers)
+        elif patch.strip != 1:
+            raise UsageError(f"{series.folder / patch.name} is a -p{patch.strip} git patch: a "
+                             f"fork's series holds -p1 patches (git am); write it as one first")
+        before.append((patch.name, patch.data, patch.strip))
         stem = _NUMBER.sub("", PurePosixPath(patch.name).name)
         stem = stem.rsplit(".", 1)[0] if stem.endswith(PATCH_SUFFIXES) else stem
         out.append(new_patch(
             conventions, subject=patch.subject or stem or "patch", body=patch.body,
             author=patch.author if patch.author is not None else _author(tree, patch.name),
-            date=patch.date or datetime.now(UTC).astimezone(), diff=patch.diff,
+            date=patch.date or datetime.now(UTC).astimezone(), diff=diff,
             number=first + i, total=total))
     return replace(series, patches=tuple(out))
+
+
+def _git_form(tree: Tree, before: list[tuple[str, bytes, int]], patch: Patch, abbrev: int,
+              drivers: dict[str, str]) -> str:
+    """The change `patch` makes (after the patches `before`) as git's own diff of it."""
+    paths = list(patch.paths)
+    earlier = [(name, data) for name, data, _ in before]
+    was = patched_files(tree.llama_root, paths, earlier, strips=[s for *_, s in before])
+    now = patched_files(tree.llama_root, paths, [*earlier, (patch.name, patch.data)],
+                        strips=[*(s for *_, s in before), patch.strip])
+    return git_diff({r: e[0] if e else None for r, e in was.items()},
+                    {r: e[0] if e else None for r, e in now.items()}, abbrev=abbrev,
+                    modes=({r: e[1] for r, e in was.items() if e},
+                           {r: e[1] for r, e in now.items() if e}), drivers=drivers)
 
 
 def _author(tree: Tree, name: str) -> str:
@@ -456,7 +491,8 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
     _refuse_another(previous, series, "take it out first with --reverse, or apply this one "
                     "from a folder of another name")
     try:
-        patched_contents(tree.llama_root, previous.files, previous.series, reverse=True)
+        patched_contents(tree.llama_root, previous.files, previous.series, reverse=True,
+                         strips=previous.levels)
     except ApplyConflict as exc:
         raise _changed_since(name, previous, exc) from exc
     return Outcome(ALREADY, _texts(previous), previous.files)
@@ -464,21 +500,20 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
 
 def _refuse_another(record: Record, series: Series | None, then: str) -> None:
     """Refuse (TreeError) when `series` is not the series `record` applied under its name
-    (not the same diffs, line numbers aside: the copies in a fork are the same diffs in the
-    fork's mails, moved along with the fork)."""
-    if series is not None and [_lines_of(p.diff) for p in series.patches] != [
-            _lines_of(parse_patch(n, data).diff) for n, data in record.series]:
+    (not the same changes: see _change_of)."""
+    if series is not None and [_change_of(p) for p in series.patches] != [
+            _change_of(parse_patch(n, data, strip=level))
+            for (n, data), level in zip(record.series, record.levels, strict=True)]:
         raise TreeError(f"another series named {record.feature} is applied to this tree (its "
                         f"patches differ from those in {series.folder}): {then}")
 
 
-_WHERE = re.compile(r"^(@@ [^@]* @@).*$|^index .*$", re.M)
-
-
-def _lines_of(diff: str) -> str:
-    """A diff without what a fork move changes when it carries it as it is: its hunks' line
-    numbers and headings, its `index` lines."""
-    return _WHERE.sub("@@", diff)
+def _change_of(patch: Patch) -> tuple[tuple[str | None, str | None, tuple[str, ...]], ...]:
+    """What a patch changes, however it is written: each file's paths and the lines it
+    takes out and puts in (not its line numbers, context, -pN or `index` lines, which a
+    fork's copy written as git's diff, or a fork move, changes)."""
+    return tuple((f.old_path, f.new_path, tuple(line for h in f.hunks for line in (
+        *("-" + x for x in h.removed), *("+" + x for x in h.added)))) for f in patch.files)
 
 
 def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bool,
@@ -493,7 +528,8 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
         if tree.series_dir and _is_fork(tree) else []
     _refuse_unwritable([tree.llama_root / f for f in files] + copies)
     patches = [(p.name, p.data) for p in series.patches]
-    patched = patched_files(tree.llama_root, files, patches)
+    patched = patched_files(tree.llama_root, files, patches,
+                            strips=[p.strip for p in series.patches])
     copy_rels = [c.relative_to(tree.root).as_posix() for c in copies]
     record = record_rel(name)
     changes: list[Change] = [Write(in_llama(tree, rel), *entry) if entry is not None
@@ -503,7 +539,8 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
     touched = {rel: None if entry is None else entry[0] for rel, entry in patched.items()}
     order = 1 + max((r.order for r in applied(tree)), default=0)
     changes.append(Write(f"{record}/state.json",
-                         state_json(tree, name, patches, touched, copy_rels, order), record=True))
+                         state_json(tree, name, patches, touched, copy_rels, order,
+                                    [p.strip for p in series.patches]), record=True))
     with transaction(tree.root, f"apply of {name}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)
@@ -536,7 +573,8 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
     present = _refuse_edited_copies(tree, record)
     _refuse_unwritable([tree.llama_root / f for f in record.files])
     try:
-        restored = patched_files(tree.llama_root, record.files, record.series, reverse=True)
+        restored = patched_files(tree.llama_root, record.files, record.series, reverse=True,
+                                 strips=record.levels)
     except ApplyConflict as exc:
         raise _changed_since(feature, record, exc) from exc
     folder = record_rel(feature)

@@ -56,6 +56,12 @@ class Record:
     touched: list[Entry]  # relative to the llama.cpp root; sha256 after the apply (None: gone)
     copies: list[Entry]  # relative to the tree's root
     order: int = 0  # the record's place among the tree's records, in apply order (0: unknown)
+    strips: tuple[int, ...] = ()  # each patch's -pN (quilt's), in order; () : all -p1
+
+    @property
+    def levels(self) -> list[int]:
+        """Each patch's -pN, in series order."""
+        return list(self.strips) if self.strips else [1] * len(self.series)
 
     @property
     def patches(self) -> list[Path]:
@@ -107,17 +113,22 @@ def record_names(names: list[str]) -> list[str]:
 
 
 def state_json(tree: Tree, feature: str, series: list[tuple[str, bytes]],
-               touched: dict[str, bytes | None], copies: list[str], order: int) -> bytes:
+               touched: dict[str, bytes | None], copies: list[str], order: int,
+               strips: list[int] | None = None) -> bytes:
     """state.json of a record: `touched` maps each file (relative to the llama.cpp root) to
     its bytes after the apply (None: the series deletes it); `copies` are relative to the
-    tree's root; `order`: the record's place among the tree's records."""
+    tree's root; `order`: the record's place among the tree's records; `strips`: each
+    patch's -pN where it is not 1 (a quilt series')."""
     by_name = dict(series)
     return json.dumps({
         "schema": SCHEMA,
         "feature": feature,
         "pin": tree.pin,
         "order": order,
-        "patches": [{"name": name, "sha256": sha256(data)} for name, data in series],
+        "patches": [{"name": name, "sha256": sha256(data)} | ({"strip": level} if level != 1
+                                                               else {})
+                    for (name, data), level in zip(series, strips or [1] * len(series),
+                                                   strict=True)],
         "files": [{"path": rel, "sha256": None if data is None else sha256(data)}
                   for rel, data in sorted(touched.items())],
         "series_copies": [{"path": rel, "sha256": sha256(by_name[rel.rsplit("/", 1)[-1]])}
@@ -132,6 +143,7 @@ class _Reader:
         self.files = files
         self.rel = record_rel(feature)
         self.state = tree.root / self.rel / STATE
+        self.strips: list[int] = []
 
     def bad(self, what: str) -> RecordError:
         return RecordError(f"bad record {self.state}: {what}; portkit will not act on it "
@@ -179,6 +191,9 @@ class _Reader:
             if not isinstance(listed, list):
                 raise self.bad("no list of patches")
             entries = [self.entry(p, "a patch", key="name") for p in listed]
+            self.strips = [p.get("strip", 1) for p in listed]
+            if any(type(level) is not int or not 0 <= level <= 9 for level in self.strips):
+                raise self.bad(f"a patch's strip is not a -pN level: {self.strips!r}")
         else:
             entries = [Entry(p.name, None) for p in sorted((self.tree.root / self.rel).iterdir())
                        if p.name.endswith(".patch")]
@@ -254,7 +269,7 @@ class _Reader:
             if name not in own or entry.sha256 not in (None, own[name]):
                 raise self.bad(f"series copy {entry.path} is not one of its patches")
         return Record(self.tree.root / self.rel, self.feature, pin, series, touched, checked,
-                      order)
+                      order, tuple(self.strips) if any(x != 1 for x in self.strips) else ())
 
 
 def read_record(tree: Tree, feature: str) -> Record | None:

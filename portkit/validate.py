@@ -351,7 +351,8 @@ def prepare_variants(tree: Tree, feature: Feature, reference: Tree | None,
     record = read_record(tree, feature.name)
     as_is = Overlay(tree.llama_root, tree.ggml_root)
     if record is not None:  # the user's tree carries the port: validate it as it stands
-        reversed_ = patched_contents(tree.llama_root, record.files, record.series, reverse=True)
+        reversed_ = patched_contents(tree.llama_root, record.files, record.series, reverse=True,
+                                     strips=record.levels)
         unpatched = _materialize(Overlay(tree.llama_root, tree.ggml_root, reversed_),
                                  "the tree with the port taken out", progress)
         patched = _materialize(as_is, "the tree as it is (patched)", progress)

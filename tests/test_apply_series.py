@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def _round_trip(tree: Path, series: Path, name: str) -> None:
     assert tree_bytes(tree) == before
 
 
-@pytest.mark.parametrize("layout", ["plain diff", "unnumbered patch", "quilt subfolder"])
+@pytest.mark.parametrize("layout", ["plain diff", "unnumbered patch", "quilt subfolder",
+                                    "quilt -p0"])
 def test_a_series_of_any_file_names_is_recorded_and_comes_out_again(fixture_tree, tmp_path,
                                                                    layout):
     tree = fixture_tree("old")
@@ -74,6 +76,11 @@ def test_a_series_of_any_file_names_is_recorded_and_comes_out_again(fixture_tree
         (series / "graph").mkdir(parents=True)
         (series / "graph" / "note").write_text(diff)
         (series / "series").write_text("graph/note\n")
+    elif layout == "quilt -p0":
+        series.mkdir()
+        plain = re.sub(r"(?m)^(diff --git|index) .*\n", "", diff)  # a plain unified diff
+        (series / "note.diff").write_text(re.sub(r"(?m)^(---|\+\+\+) [ab]/", r"\1 ", plain))
+        (series / "series").write_text("note.diff -p0\n")
     else:
         series.mkdir()
         (series / ("fix.diff" if layout == "plain diff" else "vector.patch")).write_text(diff)
@@ -149,7 +156,8 @@ def test_a_series_comes_out_only_from_under_no_later_one_on_its_files(fixture_tr
     assert tree_bytes(tree) == before
 
 
-@pytest.mark.parametrize("kind", ["plain diff", "mail of another style"])
+@pytest.mark.parametrize("kind", ["plain diff", "plain unified -p0 diff",
+                                  "mail of another style"])
 def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, tmp_path, kind):
     fork = fixture_fork("old")
     llama = fork.root / "llama" / "llama.cpp"
@@ -160,6 +168,11 @@ def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, t
     series.mkdir()
     if kind == "plain diff":
         (series / "graph-note.diff").write_text(diff)
+    elif kind == "plain unified -p0 diff":  # as `diff -u` writes it: written as git's diff
+        plain = re.sub(r"(?m)^(diff --git|index) .*\n", "", diff)
+        (series / "graph-note.diff").write_text(
+            re.sub(r"(?m)^(---|\+\+\+) [ab]/", r"\1 ", plain))
+        (series / "series").write_text("graph-note.diff -p0\n")
     else:
         (series / "v2-0007-graph-note.patch").write_text(
             "From 1234567890abcdef1234567890abcdef12345678 Mon Sep 17 00:00:00 2001\n"
@@ -174,18 +187,22 @@ def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, t
     added = [p for p in now.patches if p.name not in {q.name for q in own.patches}]
     assert len(added) == 1
     copy = added[0]
-    assert copy.name == ("0003-graph-note.patch" if kind == "plain diff"
-                         else "0003-graph-a-note.patch")
+    plain = kind.startswith("plain")
+    assert copy.name == ("0003-graph-note.patch" if plain else "0003-graph-a-note.patch")
     mine = detect_conventions([copy])
     theirs = own.conventions
     assert (mine.style, mine.numbered, mine.zero_commit, mine.signature, mine.diffstat) == (
         theirs.style, theirs.numbered, theirs.zero_commit, theirs.signature, theirs.diffstat)
-    assert copy.author == ("Fork Dev <dev@fork.invalid>" if kind == "plain diff"
+    assert copy.author == ("Fork Dev <dev@fork.invalid>" if plain
                            else "Some One <one@example.invalid>")
-    # the fork's own tooling (git am in its vendor checkout) takes it as it takes the others
+    # the fork's own tooling (git am in its vendor checkout) takes it as it takes the others,
+    # and git format-patch of the commit it makes writes the very same diff
     git(fork.upstream, "checkout", "--quiet", "fork")
     git(fork.upstream, "am", "--quiet", str(patches / copy.name))
     assert "// a note" in (fork.upstream / GRAPH).read_text()
+    again = git(fork.upstream, "format-patch", "--no-signature", "--no-numbered",
+                "--zero-commit", "--stdout", "-1")
+    assert copy.diff == again[again.index("diff --git"):]
     commit_all(fork.root, "the note")
     back = invoke("apply", "--force", "--tree", str(fork.root), "--series", str(series),
                   "--reverse")
