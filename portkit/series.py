@@ -697,7 +697,7 @@ def _read_head(lines: list[str]) -> _Head:
     """What the text before the diff says: mbox From line, mail (or DEP-3) headers, message,
     diffstat."""
     head = _Head()
-    i = 0
+    i, dep3 = 0, False
     if lines and lines[0].startswith("From ") and not lines[0].startswith("From: "):
         m = re.match(r"From ([0-9a-f]{40}) ", lines[0])  # any mbox From line; git's has the id
         head.commit, i = (m.group(1) if m else None), 1
@@ -708,9 +708,12 @@ def _read_head(lines: list[str]) -> _Head:
             name, addr = parseaddr(author)
             head.author = f"{_quote_name(name)} <{addr}>" if name and addr else author
         head.date = headers.get("date")
-        subject = headers.get("subject") or headers.get("description", "").split("\n")[0]
+        dep3 = "subject" not in headers and "description" in headers
+        subject, more = _description(lines[:i]) if dep3 else (headers.get("subject", ""), "")
         _read_subject(head, subject)
     message = lines[i:]
+    if headers and dep3:  # DEP-3: the long description is the message
+        message = ([more + "\n", "\n"] if more else []) + message
     sep = _stat_separator(message)
     if sep is not None:
         end = next((k for k in range(sep + 1, len(message)) if not message[k].strip()),
@@ -718,7 +721,23 @@ def _read_head(lines: list[str]) -> _Head:
         head.stat = "".join(message[sep + 1:end])
         message = message[:sep]
     head.body = "".join(message).strip("\n")
+    if headers and dep3:  # a `---` line that ends DEP-3's header is no part of the message
+        head.body = re.sub(r"(?:^|\n)---\s*$", "", head.body).strip("\n")
     return head
+
+
+def _description(header: list[str]) -> tuple[str, str]:
+    """DEP-3's Description (or Subject) field: its first line, the synopsis, and the long
+    description of its continuation lines (one space in; ` .` an empty line)."""
+    for k, line in enumerate(header):
+        if re.match(r"(?i)(description|subject):", line):
+            more = []
+            for cont in header[k + 1:]:
+                if cont[:1] not in (" ", "\t") or not cont.strip():
+                    break
+                more.append("" if cont.strip() == "." else cont[1:].rstrip("\n"))
+            return line.split(":", 1)[1].strip(), "\n".join(more).strip("\n")
+    return "", ""
 
 
 def _headers(lines: list[str], i: int) -> tuple[dict[str, str], int]:

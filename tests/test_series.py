@@ -295,6 +295,22 @@ def test_a_quilt_folder_follows_its_series_file(history, tmp_path):
         for name in ["first.patch", "fixes/third.patch", "graph.diff", "series"]}
 
 
+@pytest.mark.parametrize("end", ["---\n", "\n"])
+def test_a_dep3_description_is_a_synopsis_and_a_long_description(end):
+    """DEP-3: the Description's first line is the subject, its continuation lines (one space
+    in, ` .` an empty line) the message; the `---` that may end the header is neither."""
+    data = (b"Description: make the graph louder\n Longer text.\n .\n A second paragraph.\n"
+            b"Author: Deb Ian <deb@example.org>\nForwarded: no\n" + end.encode()
+            + b"--- a/src/graph.cpp\n+++ b/src/graph.cpp\n@@ -1 +1 @@\n-a\n+b\n")
+    patch = parse_patch("louder.patch", data)
+    assert patch.subject == "make the graph louder"
+    assert patch.body == "Longer text.\n\nA second paragraph."
+    assert patch.author == "Deb Ian <deb@example.org>" and patch.data == data
+    short = parse_patch("short.patch", data.replace(
+        b" Longer text.\n .\n A second paragraph.\n", b""))
+    assert (short.subject, short.body) == ("make the graph louder", "")
+
+
 def test_quilt_strip_levels_name_tree_paths(history, tmp_path):
     quilt = tmp_path / "q"
     quilt.mkdir()
