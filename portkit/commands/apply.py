@@ -24,8 +24,10 @@ from portkit.series import read_series
 @TREE_OPTION
 @FEATURE_OPTION
 @click.option("--series", "series_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="Apply this patch series (a folder of patches) instead of a feature; it "
-                   "is recorded under the folder's name, and --reverse --series takes it out.")
+              help="Apply this patch series instead of a feature: a folder of format-patch "
+                   "mails or plain diffs (any names), or a quilt folder with its `series` "
+                   "file. It is recorded under the folder's name; --reverse --series takes "
+                   "it out (only the series recorded under that name).")
 @click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
@@ -50,8 +52,11 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
     On any failure the tree is left exactly as it was. A second run says "already
     applied"; a tree where upstream already has the feature is left alone. In an
     ollama-style fork the series is also added to llama/patches with the next numbers,
-    written the way the fork writes its own. The applied series is kept in
-    <tree>/.portkit/<name>/ (`portkit tree info` lists what is applied).
+    written the way the fork writes its own (git format-patch mails, a plain diff as git's
+    diff with git's configured author), and a later `portkit rebase --fork` carries it
+    with the rest. The applied series is kept in <tree>/.portkit/<name>/ (`portkit tree
+    info` lists what is applied); a series comes out only from under none applied after
+    it to the same files.
     """
     info = open_tree(tree_path)
     if pin is None and not force:
