@@ -385,13 +385,15 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
     if previous is not None:
         return previous
     files = list(dict.fromkeys(series.paths))
+    given = series_identity(series.patches)
     if _is_fork(tree):
         series = _as_fork_patches(tree, series)
     else:
         series = replace(series, patches=tuple(
             replace(p, name=kept) for p, kept in
             zip(series.patches, record_names([p.name for p in series.patches]), strict=True)))
-    return _put(tree, name, series, files, dry_run=dry_run, compile_check=compile_check)
+    return _put(tree, name, series, files, dry_run=dry_run, compile_check=compile_check,
+                given=given)
 
 
 _NUMBER = re.compile(r"^\d{4}-")
@@ -499,25 +501,31 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
 
 
 def _refuse_another(record: Record, series: Series | None, then: str) -> None:
-    """Refuse (TreeError) when `series` is not the series `record` applied under its name
-    (not the same changes: see _change_of)."""
-    if series is not None and [_change_of(p) for p in series.patches] != [
-            _change_of(parse_patch(n, data, strip=level))
-            for (n, data), level in zip(record.series, record.levels, strict=True)]:
+    """Refuse (TreeError) when `series` is not the series `record` applied under its name:
+    not the same changes as the series given to that apply (series_identity), or, for a
+    record that does not say, as the record's own patches."""
+    if series is None:
+        return
+    theirs = record.given or series_identity(
+        [parse_patch(n, data, strip=level)
+         for (n, data), level in zip(record.series, record.levels, strict=True)])
+    if series_identity(series.patches) != theirs:
         raise TreeError(f"another series named {record.feature} is applied to this tree (its "
                         f"patches differ from those in {series.folder}): {then}")
 
 
-def _change_of(patch: Patch) -> tuple[tuple[str | None, str | None, tuple[str, ...]], ...]:
-    """What a patch changes, however it is written: each file's paths and the lines it
-    takes out and puts in (not its line numbers, context, -pN or `index` lines, which a
-    fork's copy written as git's diff, or a fork move, changes)."""
-    return tuple((f.old_path, f.new_path, tuple(line for h in f.hunks for line in (
-        *("-" + x for x in h.removed), *("+" + x for x in h.added)))) for f in patch.files)
+def series_identity(patches: Sequence[Patch]) -> str:
+    """What a series changes, however it is written (its -pN, `index` lines, line numbers,
+    mail): each file's paths and each hunk's lines, context included. A record keeps that of
+    the series given, so a fork's copies written as git's diffs, or carried by a fork move
+    (renamed, moved, some dropped), are still known for that series."""
+    return sha256(repr([(f.old_path, f.new_path, [(h.old_lines, h.new_lines) for h in f.hunks])
+                        for p in patches for f in p.files]).encode())
 
 
 def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bool,
-         compile_check: bool, rendered: Rendered | None = None) -> Outcome:
+         compile_check: bool, rendered: Rendered | None = None,
+         given: str | None = None) -> Outcome:
     """Write `series` into the tree in one transaction, with its record and, in a fork, its
     copies in llama/patches."""
     mails = [(p.name, p.text) for p in series.patches]
@@ -540,7 +548,7 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
     order = 1 + max((r.order for r in applied(tree)), default=0)
     changes.append(Write(f"{record}/state.json",
                          state_json(tree, name, patches, touched, copy_rels, order,
-                                    [p.strip for p in series.patches]), record=True))
+                                    [p.strip for p in series.patches], given), record=True))
     with transaction(tree.root, f"apply of {name}", changes):
         compiled = compile_units(tree, files) if compile_check else None
     return Outcome(APPLIED, mails, files, [str(c) for c in copies], rendered, compiled)

@@ -57,6 +57,7 @@ class Record:
     copies: list[Entry]  # relative to the tree's root
     order: int = 0  # the record's place among the tree's records, in apply order (0: unknown)
     strips: tuple[int, ...] = ()  # each patch's -pN (quilt's), in order; () : all -p1
+    given: str | None = None  # what the series given to apply --series changes (its sha256)
 
     @property
     def levels(self) -> list[int]:
@@ -114,17 +115,19 @@ def record_names(names: list[str]) -> list[str]:
 
 def state_json(tree: Tree, feature: str, series: list[tuple[str, bytes]],
                touched: dict[str, bytes | None], copies: list[str], order: int,
-               strips: list[int] | None = None) -> bytes:
+               strips: list[int] | None = None, given: str | None = None) -> bytes:
     """state.json of a record: `touched` maps each file (relative to the llama.cpp root) to
     its bytes after the apply (None: the series deletes it); `copies` are relative to the
     tree's root; `order`: the record's place among the tree's records; `strips`: each
-    patch's -pN where it is not 1 (a quilt series')."""
+    patch's -pN where it is not 1 (a quilt series'); `given`: the identity of the series
+    given to `apply --series` (apply.series_identity)."""
     by_name = dict(series)
     return json.dumps({
         "schema": SCHEMA,
         "feature": feature,
         "pin": tree.pin,
         "order": order,
+        **({"series_sha256": given} if given else {}),
         "patches": [{"name": name, "sha256": sha256(data)} | ({"strip": level} if level != 1
                                                                else {})
                     for (name, data), level in zip(series, strips or [1] * len(series),
@@ -268,8 +271,12 @@ class _Reader:
             name = entry.path.rsplit("/", 1)[-1]
             if name not in own or entry.sha256 not in (None, own[name]):
                 raise self.bad(f"series copy {entry.path} is not one of its patches")
+        given = data.get("series_sha256")
+        if given is not None and not _SHA256.fullmatch(str(given)):
+            raise self.bad(f"series_sha256 is not a sha256: {given!r}")
         return Record(self.tree.root / self.rel, self.feature, pin, series, touched, checked,
-                      order, tuple(self.strips) if any(x != 1 for x in self.strips) else ())
+                      order, tuple(self.strips) if any(x != 1 for x in self.strips) else (),
+                      given)
 
 
 def read_record(tree: Tree, feature: str) -> Record | None:

@@ -116,20 +116,23 @@ def test_a_series_that_only_deletes_files_is_recorded_and_puts_them_back(fixture
         Path(__file__).parent / "fixtures/trees/old/src/llama-hparams.h").read_bytes()
 
 
+@pytest.mark.parametrize("other", ["other lines", "the same lines elsewhere"])
 def test_another_series_of_the_same_name_is_refused_not_called_applied(fixture_tree,
-                                                                      tmp_path):
+                                                                      tmp_path, other):
     tree = fixture_tree("old")
-    first, other = tmp_path / "one" / "fixes", tmp_path / "two" / "fixes"
-    for folder, line in ((first, "// one\n"), (other, "// two\n")):
+    first, second = tmp_path / "one" / "fixes", tmp_path / "two" / "fixes"
+    after = "struct ggml_tensor;\n" if other == "the same lines elsewhere" else \
+        "struct ggml_cgraph;\n"
+    line = "// one\n" if other == "the same lines elsewhere" else "// two\n"
+    for folder, at, note in ((first, "struct ggml_cgraph;\n", "// one\n"), (second, after, line)):
         folder.mkdir(parents=True)
-        (folder / "0001-note.patch").write_text(
-            _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n" + line))
+        (folder / "0001-note.patch").write_text(_diff(tree, GRAPH, at, at + note))
     assert _apply(tree, first).exit_code == 0
     applied = tree_bytes(tree)
-    again = _apply(tree, other)
+    again = _apply(tree, second)
     assert again.exit_code == 4 and again.stderr.count("\n") == 1
     assert "another series named fixes is applied" in again.stderr
-    gone = _apply(tree, other, "--reverse")
+    gone = _apply(tree, second, "--reverse")
     assert gone.exit_code == 4 and "another series named fixes" in gone.stderr
     assert tree_bytes(tree) == applied
 

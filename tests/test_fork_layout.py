@@ -279,6 +279,42 @@ def test_the_move_carries_the_record_of_a_series_apply_added(real_fork: RealFork
     assert not (root / ".portkit" / "myfix").exists()
 
 
+def test_a_moved_series_with_a_patch_upstream_took_is_still_that_series(real_fork: RealFork,
+                                                                         tmp_path: Path):
+    """The move drops the patch of an applied series that upstream took: the record keeps the
+    rest, and `apply --series` of the folder given then is still "already applied" and
+    --reverse takes out what is left."""
+    from tests.test_apply_series import GRAPH, _diff
+
+    root = real_fork.root
+    llama = root / "llama" / "llama.cpp"
+    decl = ("class llama_memory_hybrid_context;\n",
+            "class llama_memory_hybrid_context;\nclass llama_memory_hybrid_iswa_context;\n")
+    series = tmp_path / "two"
+    series.mkdir()
+    head = "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+    (series / "0001-decl.patch").write_text(
+        head + "Subject: [PATCH] graph: declare it\n\n---\n" + _diff(llama, GRAPH, *decl))
+    later = tmp_path / "later" / "src"
+    later.mkdir(parents=True)
+    (later / GRAPH.split("/")[1]).write_text((llama / GRAPH).read_text().replace(*decl))
+    (series / "0002-note.patch").write_text(
+        head + "Subject: [PATCH] graph: a note\n\n---\n" + _diff(
+            later.parent, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
+    commit_all(root, "two, by portkit")
+    assert _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))[0] == 20
+    state = json.loads((root / ".portkit" / "two" / "state.json").read_text())
+    assert [p["name"] for p in state["patches"]] == ["0004-graph-a-note.patch"]
+    commit_all(root, "moved")
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series))
+    assert code == 0 and "two is already applied" in out, err
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                          "--reverse")
+    assert code == 0, err
+    assert (llama / GRAPH).read_bytes() == (real_fork.target / GRAPH).read_bytes()
+
+
 @pytest.mark.parametrize("line, named", [
     ("merge other.rules", "merge rule 'merge other.rules'"),
     (". other.rules", "merge rule '. other.rules'"),

@@ -224,6 +224,7 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
     from dataclasses import replace
 
     from portkit.record import applied, in_llama, record_rel, state_json
+    from portkit.transaction import sha256
 
     rows = {row.file: row for row in move.rebased.report.patches}
     kept = {p.name: p.data for p in move.rebased.series.patches}
@@ -233,6 +234,9 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
     changes: list[Change] = []
     for record in applied(fork):
         copies = {c.path for c in record.copies}
+        if any(c.sha256 is not None and (copy.root / c.path).is_file() and sha256(
+                (copy.root / c.path).read_bytes()) != c.sha256 for c in record.copies):
+            continue  # a copy edited by hand: its record stays as it was (--reverse says so)
         series = []
         for name, data in record.series:
             row = rows.get(name) if f"{folder}/{name}" in copies else None
@@ -261,7 +265,8 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
         changes.append(Write(f"{rel}/state.json", state_json(
             now, record.feature, series, touched,
             [f"{folder}/{name}" for name, _ in series if f"{folder}/{name}" in copies
-             or name not in dict(record.series)], record.order), record=True))
+             or name not in dict(record.series)], record.order, given=record.given),
+            record=True))
     return changes
 
 
