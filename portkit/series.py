@@ -708,7 +708,8 @@ def _read_head(lines: list[str]) -> _Head:
             name, addr = parseaddr(author)
             head.author = f"{_quote_name(name)} <{addr}>" if name and addr else author
         head.date = headers.get("date")
-        dep3 = "subject" not in headers and "description" in headers
+        # DEP-3 (a Description, or a Subject in a header with no mail's From)
+        dep3 = "from" not in headers and bool({"description", "subject"} & headers.keys())
         subject, more = _description(lines[:i]) if dep3 else (headers.get("subject", ""), "")
         _read_subject(head, subject)
     message = lines[i:]
@@ -720,6 +721,10 @@ def _read_head(lines: list[str]) -> _Head:
                    len(message))
         head.stat = "".join(message[sep + 1:end])
         message = message[:sep]
+    if sep is None and (head.commit is not None or (headers and "from" in headers)):
+        # a mail with no diffstat: its message ends at its first `---`, as git am reads it
+        cut = next((k for k, line in enumerate(message) if line == "---\n"), None)
+        message = message[:cut] if cut is not None else message
     head.body = "".join(message).strip("\n")
     if headers and dep3:  # a `---` line that ends DEP-3's header is no part of the message
         head.body = re.sub(r"(?:^|\n)---\s*$", "", head.body).strip("\n")

@@ -311,6 +311,25 @@ def test_a_dep3_description_is_a_synopsis_and_a_long_description(end):
     assert (short.subject, short.body) == ("make the graph louder", "")
 
 
+def test_a_dep3_subject_is_read_as_a_description_is():
+    data = (b"Subject: make the graph louder\n Longer text.\n .\n A second paragraph.\n"
+            b"Author: Deb Ian <deb@example.org>\n\n"
+            b"--- a/src/graph.cpp\n+++ b/src/graph.cpp\n@@ -1 +1 @@\n-a\n+b\n")
+    patch = parse_patch("louder.patch", data)
+    assert (patch.subject, patch.body) == ("make the graph louder",
+                                           "Longer text.\n\nA second paragraph.")
+
+
+def test_a_mails_message_ends_at_its_first_dashes_as_git_am_reads_it():
+    diff = b"--- a/src/graph.cpp\n+++ b/src/graph.cpp\n@@ -1 +1 @@\n-a\n+b\n"
+    bare = parse_patch("x.patch", b"From: A <a@example.org>\nSubject: [PATCH] x\n\n---\n"
+                       + diff)
+    assert bare.body == "" and bare.subject == "x"
+    noted = parse_patch("y.patch", b"From: A <a@example.org>\nSubject: [PATCH] y\n\nWhy.\n"
+                        b"---\nA note for the reviewer.\n\n" + diff)
+    assert noted.body == "Why."
+
+
 def test_quilt_strip_levels_name_tree_paths(history, tmp_path):
     quilt = tmp_path / "q"
     quilt.mkdir()
