@@ -227,7 +227,8 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
     from portkit.transaction import sha256
 
     rows = {row.file: row for row in move.rebased.report.patches}
-    kept = {p.name: p.data for p in move.rebased.series.patches}
+    carried = {p.name: p for p in move.rebased.series.patches}
+    kept = {name: p.data for name, p in carried.items()}
     written = {c.rel: c.data if isinstance(c, Write) else None for c in move.changes}
     assert fork.series_dir is not None
     folder = fork.series_dir.relative_to(fork.root).as_posix()
@@ -256,8 +257,8 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
             continue
         changes += [Write(f"{rel}/{name}", data, record=True) for name, data in series]
         touched = {}
-        for path in dict.fromkeys([*record.files, *(p for name, data in series
-                                                     for p in parse_patch(name, data).paths)]):
+        for path in dict.fromkeys([*record.files, *(p for name, data in series for p in (
+                carried[name] if kept.get(name) == data else parse_patch(name, data)).paths)]):
             where = in_llama(copy, path)
             touched[path] = written[where] if where in written else (
                 (copy.root / where).read_bytes() if (copy.root / where).is_file() else None)
