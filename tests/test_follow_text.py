@@ -111,6 +111,45 @@ def test_same_point_a_list_not_in_order_has_upstreams_lines_first():
         b"PLM },\n", b"PLM },\n    { LLM_ARCH_BAILINGMOE },\n    { LLM_ARCH_MISTRAL3 },\n")
 
 
+FUNC = (b"buffer * alloc(type * t, size_t size) {\n", b"    if (size == 0) {\n",
+        b"        return dummy(t);\n", b"    }\n", b"\n", b"    return t->alloc(t, size);\n",
+        b"}\n", b"\n", b"size_t align(type * t) {\n", b"    return t->align(t);\n", b"}\n")
+GUARD = b"    GGML_ASSERT(t);\n"
+BLOCK = (b"    if (t->no_alloc) {\n", b"        return noalloc(t, size);\n", b"    }\n", b"\n")
+
+
+def _at_return(*inserted: bytes) -> bytes:
+    return b"".join(FUNC[:5] + inserted + FUNC[5:])
+
+
+def test_same_point_a_paragraph_of_the_patch_goes_before_upstream_lines_leading_into_the_next():
+    """Upstream put a guard right before the statement it guards (a blank line above it, none
+    below); the patch put a paragraph of its own there, ended by a blank line. Patch's lines
+    after upstream's would part the guard from its statement: they go before it."""
+    done = merge(_at_return(GUARD), _at_return(), _at_return(*BLOCK))
+    assert done.conflicts == 0 and done.settled == (SAME_POINT,)
+    assert done.data == _at_return(*BLOCK, GUARD)
+
+
+def test_same_point_lines_the_patch_runs_into_the_next_line_come_after_upstreams():
+    """Both sides' lines run into the statement after them: upstream's stay first."""
+    patch_line = b"    count++;\n"
+    done = merge(_at_return(GUARD), _at_return(), _at_return(patch_line))
+    assert done.settled == (SAME_POINT,)
+    assert done.data == _at_return(GUARD, patch_line)
+
+
+def test_same_point_upstreams_lines_that_end_the_paragraph_above_stay_first():
+    """Upstream's line follows the line above it with no blank between: it ends that
+    paragraph, and the patch's paragraph comes after it."""
+    base = b"".join(FUNC[:4] + FUNC[5:])  # no blank line between the if block and return
+    ours = b"".join(FUNC[:4] + (GUARD,) + FUNC[5:])
+    theirs = b"".join(FUNC[:4] + BLOCK + FUNC[5:])
+    done = merge(ours, base, theirs)
+    assert done.settled == (SAME_POINT,)
+    assert done.data == b"".join(FUNC[:4] + (GUARD,) + BLOCK + FUNC[5:])
+
+
 def test_same_point_is_not_two_rewrites_of_one_line():
     ours = BASE.replace(b"line 6\n", b"upstream six\n")
     theirs = BASE.replace(b"line 6\n", b"patch six\n")

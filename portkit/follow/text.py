@@ -13,7 +13,10 @@ only those blocks where the order is given by the text itself:
            upstream put them, right after the line they follow, and the patch's come after
            them (a fork's entries at the end of the run upstream extended); the patch's go
            first only where that, and not the other order, keeps the lines around in order
-           (a sorted list: LLM_TYPE_20B, the patch's 22B, upstream's 27B, 30B). The order
+           (a sorted list: LLM_TYPE_20B, the patch's 22B, upstream's 27B, 30B), or where
+           upstream's lines open the paragraph of the line after them (a guard right before
+           the statement it guards) and the patch's are a paragraph of their own, ended by
+           a blank line: before the guard, not between it and its statement. The order
            is a choice, so the caller reports it for review.
   already  the lines the patch inserts are in the target's side of the block already: the
            target's side stands.
@@ -143,6 +146,8 @@ def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
         if _in_order(before + theirs + ours + after) and \
                 not _in_order(before + ours + theirs + after):
             return theirs + ours, SAME_POINT  # the patch's first keeps a sorted run sorted
+        if _blank(theirs[-1]) and _leads_into(ours, before, after):
+            return theirs + ours, SAME_POINT  # upstream's lines stay with the line they lead to
         return ours + theirs, SAME_POINT
     if mine is not None and upstream is None:
         return _beside(theirs, mine, len(base), ours) or _by_layout(ours, base, theirs)
@@ -154,6 +159,18 @@ def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
 
 _NUMBER = re.compile(rb"(\d+)")
 AROUND = 2  # lines on each side of a same-point block that its order is read against
+
+
+def _blank(line: bytes) -> bool:
+    return not line.strip()
+
+
+def _leads_into(inserted: list[bytes], before: list[bytes], after: list[bytes]) -> bool:
+    """Whether inserted lines open the paragraph of the line after them: a blank line (or
+    the start) above them, none between them and that line (a guard before the statement
+    it guards)."""
+    opens = not before or _blank(before[-1]) or _blank(inserted[0])
+    return opens and bool(after) and not _blank(inserted[-1]) and not _blank(after[0])
 
 
 def _in_order(lines: Sequence[bytes]) -> bool:
