@@ -701,7 +701,9 @@ def _read_head(lines: list[str]) -> _Head:
     if lines and lines[0].startswith("From ") and not lines[0].startswith("From: "):
         m = re.match(r"From ([0-9a-f]{40}) ", lines[0])  # any mbox From line; git's has the id
         head.commit, i = (m.group(1) if m else None), 1
-    headers, i = _headers(lines, i)
+    first = next((k for k in range(i, len(lines)) if lines[k].strip()), i)
+    headers, after = _headers(lines, first)  # a header may follow blank lines
+    i = after if headers else i
     if headers:
         author = headers.get("from") or headers.get("author")
         if author:
@@ -713,8 +715,11 @@ def _read_head(lines: list[str]) -> _Head:
         subject, more = _description(lines[:i]) if dep3 else (headers.get("subject", ""), "")
         _read_subject(head, subject)
     message = lines[i:]
-    if headers and dep3:  # DEP-3: the long description is the message
-        message = ([more + "\n", "\n"] if more else []) + message
+    while message and _FILE_HEADER.match(message[-1]):
+        message = message[:-1]  # a plain diff's own lines before its first file's `--- `
+    if headers and dep3:  # DEP-3: the long description is the message; after the `---`
+        cut = next((k for k, line in enumerate(message) if line == "---\n"), None)
+        message = ([more + "\n", "\n"] if more else []) + message[:cut]  # free text
     sep = _stat_separator(message)
     if sep is not None:
         end = next((k for k in range(sep + 1, len(message)) if not message[k].strip()),
@@ -726,9 +731,12 @@ def _read_head(lines: list[str]) -> _Head:
         cut = next((k for k, line in enumerate(message) if line == "---\n"), None)
         message = message[:cut] if cut is not None else message
     head.body = "".join(message).strip("\n")
-    if headers and dep3:  # a `---` line that ends DEP-3's header is no part of the message
-        head.body = re.sub(r"(?:^|\n)---\s*$", "", head.body).strip("\n")
     return head
+
+
+# What a plain diff writes before a file's `--- ` line: quilt's `Index:` and its rule of
+# `=`, and diff's own command line (`diff -Naur a/x b/x`).
+_FILE_HEADER = re.compile(r"(Index: .*|={20,}|diff -.*)\n?\Z")
 
 
 def _description(header: list[str]) -> tuple[str, str]:
@@ -755,6 +763,8 @@ def _headers(lines: list[str], i: int) -> tuple[dict[str, str], int]:
         line = lines[j]
         if raw and line[:1] in (" ", "\t") and line.strip():
             raw[-1].append(line)
+        elif line.startswith("Index: "):
+            break  # quilt's line before a file's diff: no header field
         elif re.match(r"[A-Za-z][A-Za-z0-9-]*:", line):
             raw.append([line])
         else:

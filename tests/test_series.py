@@ -320,6 +320,38 @@ def test_a_dep3_subject_is_read_as_a_description_is():
                                            "Longer text.\n\nA second paragraph.")
 
 
+GRAPH_DIFF = b"--- a/src/graph.cpp\n+++ b/src/graph.cpp\n@@ -1 +1 @@\n-a\n+b\n"
+QUILT_INDEX = b"Index: src/graph.cpp\n" + b"=" * 67 + b"\n"
+
+
+def test_a_dep3_header_after_a_leading_blank_line_is_read():
+    patch = parse_patch("x.patch", b"\nDescription: louder\nAuthor: Deb <d@e.org>\n\n"
+                        + GRAPH_DIFF)
+    assert (patch.subject, patch.body, patch.author) == ("louder", "", "Deb <d@e.org>")
+
+
+@pytest.mark.parametrize("gap", [b"", b"\n"])
+def test_quilts_index_lines_are_the_diffs_not_the_message(gap):
+    """quilt writes `Index:` and a rule of `=` before each file; with or without a blank
+    line after the DEP-3 header, they are no header field and no part of the message."""
+    patch = parse_patch("x.patch", b"Description: louder\nAuthor: Deb <d@e.org>\n" + gap
+                        + QUILT_INDEX + GRAPH_DIFF)
+    assert (patch.subject, patch.body, patch.author) == ("louder", "", "Deb <d@e.org>")
+    assert [f.path for f in patch.files] == ["src/graph.cpp"]
+
+
+def test_a_plain_diffs_own_diff_line_is_no_part_of_its_message():
+    patch = parse_patch("x.diff", b"Why it is louder.\n\ndiff -Naur a/src/graph.cpp "
+                        b"b/src/graph.cpp\n" + GRAPH_DIFF)
+    assert patch.body == "Why it is louder."
+
+
+def test_free_text_after_the_dashes_that_end_a_dep3_header_is_no_part_of_the_message():
+    patch = parse_patch("x.patch", b"Description: louder\n Because.\nAuthor: Deb <d@e.org>\n"
+                        b"---\nNotes for whoever reads the file.\n\n" + GRAPH_DIFF)
+    assert (patch.subject, patch.body) == ("louder", "Because.")
+
+
 def test_a_mails_message_ends_at_its_first_dashes_as_git_am_reads_it():
     diff = b"--- a/src/graph.cpp\n+++ b/src/graph.cpp\n@@ -1 +1 @@\n-a\n+b\n"
     bare = parse_patch("x.patch", b"From: A <a@example.org>\nSubject: [PATCH] x\n\n---\n"
