@@ -599,16 +599,31 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
 def _refuse_under_later(tree: Tree, record: Record) -> None:
     """A series comes out only from under none applied after it that touches its files:
     taken out from under one, the later one could not come out again."""
-    if not record.order:
-        return
     mine = set(record.files)
     for later in applied(tree):
         shared = sorted(mine & set(later.files))
-        if later.feature != record.feature and later.order > record.order and shared:
+        if later.feature != record.feature and shared and _after(tree, later, record, shared):
             raise TreeError(f"{record.feature} cannot come out from under {later.feature}, "
                             f"applied after it to the same files ({', '.join(shared[:3])}"
                             f"{' and more' if len(shared) > 3 else ''}): take out "
                             f"{later.feature} first")
+
+
+def _after(tree: Tree, other: Record, record: Record, shared: list[str]) -> bool:
+    """Whether `other` was applied after `record`: by their recorded order, or, where one
+    has none (a record from before portkit kept it), when a file both touch has the
+    checksum `other` recorded for it and not the one `record` did: `other` wrote it last."""
+    if record.order and other.order:
+        return other.order > record.order
+    theirs = {e.path: e.sha256 for e in other.touched}
+    mine = {e.path: e.sha256 for e in record.touched}
+    with TreeFiles(tree.root) as files:
+        for rel in shared:
+            found = files.read(in_llama(tree, rel))
+            now = sha256(found[0]) if found is not None else None
+            if theirs.get(rel) != mine.get(rel) and now == theirs.get(rel):
+                return True
+    return False
 
 
 def _refuse_edited_copies(tree: Tree, record: Record) -> list[str]:
