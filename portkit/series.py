@@ -1285,7 +1285,7 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
         attributes = root / "attributes"
         attributes.write_text("".join(f"*{suffix} diff={driver}\n"
                                       for suffix, driver in (drivers or {}).items()))
-        args = ["-c", f"core.attributesFile={attributes}",
+        args = ["-c", f"core.attributesFile={attributes}", "-c", "core.quotePath=true",
                 "diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--binary",
                 f"--abbrev={abbrev}" if abbrev < 40 else "--full-index",
                 "-M" if renames else "--no-renames", "a", "b"]
@@ -1295,13 +1295,15 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
     text = done.stdout
     # Run on two folders named a and b, git names a created file b/x on both sides of the
     # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
-    text = re.sub(r"^diff --git (?:a|b)/(.*) (?:a|b)/(.*)$", r"diff --git a/\1 b/\2", text,
-                  flags=re.M)
+    # (a path with unusual bytes is C-quoted, its prefix inside the quotes, as git quotes it)
+    text = re.sub(r'^diff --git ("?)(?:a|b)/(.*) ("?)(?:a|b)/(.*)$', r"diff --git \1a/\2 \3b/\4",
+                  text, flags=re.M)
     # and names the two sides of a rename or copy by the folders too
-    text = re.sub(r"^((?:rename|copy) (?:from|to) )[ab]/", r"\1", text, flags=re.M)
+    text = re.sub(r'^((?:rename|copy) (?:from|to) "?)[ab]/', r"\1", text, flags=re.M)
     if not prefix:
-        text = re.sub(r"^(diff --git |--- |\+\+\+ )[ab]/", r"\1", text, flags=re.M)
-        text = re.sub(r"^(diff --git \S+ )[ab]/", r"\1", text, flags=re.M)
+        text = re.sub(r'^(diff --git "?|--- "?|\+\+\+ "?)[ab]/', r"\1", text, flags=re.M)
+        text = re.sub(r'^(diff --git (?:"(?:[^"\\]|\\.)*"|\S+) "?)[ab]/', r"\1", text,
+                      flags=re.M)
     return text
 
 

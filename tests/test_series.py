@@ -20,6 +20,7 @@ from portkit.series import (
     Series,
     file_name,
     format_patch_name,
+    git_diff,
     new_patch,
     parse_patch,
     read_series,
@@ -656,3 +657,21 @@ def test_each_patch_of_a_mixed_series_keeps_its_own_style():
     assert kept.files[0].header("index") == "1111111..2222222 100644"
     assert bare.with_diff(changed).stat is None
     assert bare.with_diff(changed).files[0].header("index") is None
+
+
+def test_git_diff_quotes_unusual_paths_as_git_does(tmp_path):
+    """A path with non-ASCII bytes is C-quoted in every line git writes it on (git's
+    default, core.quotePath): portkit's diff of the change is git's own, byte for byte."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    before = {"src/tést.c": b"int a;\n" * 8, "src/gönë.h": b"#pragma once\n" + b"int b;\n" * 8}
+    repo.commit("before", dict(before))
+    after = {"src/tést.c": b"int a;\n" * 7 + b"int c;\n", "src/gönë.h": None,
+             "src/nëw.h": b"#pragma once\n" + b"int b;\n" * 8}
+    repo.commit("after", dict(after))
+    for renames in (False, True):
+        expected = repo.git("diff", "-M" if renames else "--no-renames", "HEAD~1", "HEAD")
+        made = git_diff(before, after, renames=renames)
+        assert made.encode("utf-8", "surrogateescape") == expected
+        assert '"a/src/t\\303\\251st.c"' in made
