@@ -279,6 +279,44 @@ def test_the_move_carries_the_record_of_a_series_apply_added(real_fork: RealFork
     assert not (root / ".portkit" / "myfix").exists()
 
 
+def test_a_record_whose_copy_keeps_its_name_through_the_move_is_of_the_new_tree(
+        real_fork: RealFork, tmp_path: Path):
+    """The applied series' copy keeps its name and bytes through the move (the patch that
+    drops comes after it): its record still says the new pin, and the checksums the vendored
+    files have now."""
+    from tests.test_apply_series import _diff
+
+    header = "include/llama.h"  # the same in both trees: the copy is carried byte for byte
+
+    root, patches = real_fork.root, real_fork.root / "llama" / "patches"
+    series = tmp_path / "myfix"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] graph: a note\n\n---\n" + _diff(
+            root / "llama" / "llama.cpp", header, "struct llama_model;\n",
+            "struct llama_model;\n// a note\n"))
+    assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
+    copy = (patches / "0005-graph-a-note.patch").read_bytes()
+    helper = next(patches.glob("0004-*.patch"))
+    helper.rename(patches / ("0006" + helper.name[4:]))  # upstream's helper last: it drops
+    commit_all(root, "a note, by portkit; the helper last")
+    code, _, err = _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))
+    assert code == 20, err
+    assert (patches / "0005-graph-a-note.patch").read_bytes() == copy
+    assert not list(patches.glob("0006-*.patch"))
+    state = json.loads((root / ".portkit" / "myfix" / "state.json").read_text())
+    assert state["pin"] == git(real_fork.target, "rev-parse", "HEAD").strip()
+    vendored = root / "llama" / "llama.cpp" / header
+    assert {f["path"]: f["sha256"] for f in state["files"]}[header] == hashlib.sha256(
+        vendored.read_bytes()).hexdigest()
+    commit_all(root, "moved")
+    code, _, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                        "--reverse")
+    assert code == 0, err
+    assert vendored.read_bytes() == (real_fork.target / header).read_bytes()
+
+
 def test_a_moved_series_with_a_patch_upstream_took_is_still_that_series(real_fork: RealFork,
                                                                          tmp_path: Path):
     """The move drops the patch of an applied series that upstream took: the record keeps the

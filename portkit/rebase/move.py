@@ -219,8 +219,9 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
     of its patches is its copy in llama/patches as the move writes it (numbered again, made
     for the new tree), so that --reverse takes out what the fork now holds, and removes the
     copy by its new name; a patch that drops (upstream has it) leaves the record, and a
-    record left with no patch goes. The record of a copy the move did not carry (taken out
-    of the series by hand) stays as it was."""
+    record left with no patch goes. A record whose copies the move kept as they were still
+    says the new pin and what its files hold now. The record of a copy the move did not
+    carry (taken out of the series by hand) stays as it was."""
     from dataclasses import replace
 
     from portkit.record import applied, in_llama, record_rel, state_json
@@ -245,8 +246,6 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
                 series.append((name, data))
             elif row.output is not None:
                 series.append((row.output, kept[row.output]))
-        if series == record.series:
-            continue
         rel = record_rel(record.feature)
         names = {name for name, _ in series}
         changes += [Delete(f"{rel}/{name}", record=True) for name, _ in record.series
@@ -255,13 +254,19 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
             changes += [Delete(f"{rel}/state.json", record=True),
                         RemoveFolder(rel, record=True)]
             continue
-        changes += [Write(f"{rel}/{name}", data, record=True) for name, data in series]
         touched = {}
         for path in dict.fromkeys([*record.files, *(p for name, data in series for p in (
                 carried[name] if kept.get(name) == data else parse_patch(name, data)).paths)]):
             where = in_llama(copy, path)
             touched[path] = written[where] if where in written else (
                 (copy.root / where).read_bytes() if (copy.root / where).is_file() else None)
+        if series == record.series and record.pin == move.pin and {
+                e.path: e.sha256 for e in record.touched} == {
+                path: sha256(data) if data is not None else None
+                for path, data in touched.items()}:
+            continue  # the move changed nothing the record says
+        changes += [Write(f"{rel}/{name}", data, record=True) for name, data in series
+                    if (name, data) not in record.series]
         now = replace(fork, pin=move.pin)
         changes.append(Write(f"{rel}/state.json", state_json(
             now, record.feature, series, touched,
