@@ -163,3 +163,80 @@ def test_an_enumerator_with_a_value_of_its_own_stays():
     carried = _with(OURS, b"    LLM_ARCH_STARCODER2,\n", line)
     out, notes = repeated(OURS, carried, [line.decode()])
     assert out == carried and "in its own form" in notes[0]
+
+
+# A name table and a table of tables, as llama-arch.cpp has them; upstream has GEMMA3 in both.
+TABLES = b"""static const std::map<llm_arch, const char *> LLM_ARCH_NAMES = {
+    { LLM_ARCH_GEMMA2,           "gemma2"           },
+    { LLM_ARCH_GEMMA3,           "gemma3"           },
+    { LLM_ARCH_STARCODER2,       "starcoder2"       },
+};
+
+static const std::map<llm_arch, std::map<llm_tensor, const char *>> LLM_TENSOR_NAMES = {
+    {
+        LLM_ARCH_GEMMA2,
+        {
+            { LLM_TENSOR_TOKEN_EMBD, "token_embd" },
+        },
+    },
+    {
+        LLM_ARCH_GEMMA3,
+        {
+            { LLM_TENSOR_TOKEN_EMBD, "token_embd" },
+            { LLM_TENSOR_OUTPUT,     "output" },
+        },
+    },
+};
+"""
+GEMMA3_TENSORS = b"""    {
+        LLM_ARCH_GEMMA3,
+        {
+            { LLM_TENSOR_TOKEN_EMBD,      "token_embd" },
+        },
+    },
+"""
+AFTER_GEMMA2 = b"""            { LLM_TENSOR_TOKEN_EMBD, "token_embd" },
+        },
+    },
+"""
+
+
+def test_a_key_the_map_has_already_with_nothing_of_its_own_is_left_out_and_said():
+    """The patch's entries for GEMMA3 (written when upstream had none): upstream's entries
+    have every line of them. A second key compiles, but the map keeps only one: the patch's
+    says nothing upstream's does not, and is left out."""
+    line = b'    { LLM_ARCH_GEMMA3,  "gemma3" },\n'
+    carried = _with(_with(TABLES, b'"gemma2"           },\n', line), AFTER_GEMMA2,
+                    GEMMA3_TENSORS)
+    added = (line + GEMMA3_TENSORS).decode().splitlines(keepends=True)
+    out, notes = repeated(TABLES, carried, added)
+    assert out == TABLES
+    assert notes == [
+        "LLM_ARCH_GEMMA3 is a key of that map already (line 3): the patch's, a second one, "
+        "left out (the map keeps one of them)",
+        "LLM_ARCH_GEMMA3 is a key of that map already (line 15): the patch's, a second one, "
+        "left out (the map keeps one of them)"]
+
+
+def test_a_key_the_map_has_already_with_a_value_of_its_own_stays_and_is_said():
+    line = b'    { LLM_ARCH_GEMMA3,           "gemma-3"          },\n'
+    carried = _with(TABLES, b'"gemma2"           },\n', line)
+    out, notes = repeated(TABLES, carried, [line.decode()])
+    assert out == carried
+    assert notes == ["LLM_ARCH_GEMMA3 is a key of that map already (line 4): the patch's, in "
+                     "its own form, carried beside it: the map keeps only one of them (the two "
+                     "must become one)"]
+
+
+def test_a_new_key_in_a_map_is_not_a_repeat():
+    line = b'    { LLM_ARCH_SOLAR,            "solar"            },\n'
+    carried = _with(TABLES, b'"gemma2"           },\n', line)
+    assert repeated(TABLES, carried, [line.decode()]) == (carried, [])
+
+
+def test_a_key_twice_in_a_multimap_is_no_repeat():
+    table = TABLES.replace(b"std::map<llm_arch, const char *>", b"std::multimap<llm_arch, "
+                           b"const char *>")
+    line = b'    { LLM_ARCH_GEMMA3,           "gemma3"           },\n'
+    carried = _with(table, b'"gemma2"           },\n', line)
+    assert repeated(table, carried, [line.decode()]) == (carried, [])

@@ -1,5 +1,5 @@
 """Labels a carried patch would repeat: a `case X:` a switch has already, an enumerator its enum
-has already.
+has already, a key a map's initializer has already.
 
 A fork's patch adds support for something (a model architecture: an enumerator, a `case` in
 each switch over the enum) that upstream later added itself. Where the lines around moved,
@@ -10,6 +10,13 @@ patch's repeat has no code of its own (a stub case, `{ } break;`, or only lines 
 case has too; an enumerator with no value, or upstream's), it is left out: upstream's stays,
 as a maintainer keeps it. Where it has code of its own (the fork's implementation against
 upstream's), it stays as text carried it, and the note says the two must become one.
+
+A map's initializer (`static const std::map<llm_arch, ...> LLM_ARCH_NAMES = { { LLM_ARCH_X,
+"x" }, ... }`, a table of tables) with a key twice compiles, but the map keeps one value for
+the key (the first), so one of the two entries is dead or overrides the other. The patch's
+entry with nothing upstream's lacks (every line of it is upstream's: the same name, a subset
+of upstream's tensors) is left out; one with a value of its own stays, and the note says the
+two must become one. A multimap, which keeps both, is not looked at.
 
 Only a whole label the carry added (every line of the case - its label and its statements -
 or the enumerator's line is new against the target) and whose twin was in the target before
@@ -77,6 +84,11 @@ def _groups(root: Node, src: bytes) -> dict[tuple[str, bytes, int], list[Node]]:
             if body is not None and cond is not None:
                 kind, what = "case", where + b" " + _squash(src[cond.start_byte:cond.end_byte])
                 members = [c for c in body.named_children if c.type == "case_statement"]
+        elif node.type == "init_declarator" and _a_map(node, src):
+            name, value = node.child_by_field_name("declarator"), node.child_by_field_name("value")
+            if name is not None and value is not None and value.type == "initializer_list":
+                kind, what = "entry", src[name.start_byte:name.end_byte]
+                members = [c for c in value.named_children if c.type == "initializer_list"]
         elif node.type == "enumerator_list":
             name = node.parent.child_by_field_name("name") if node.parent is not None else None
             kind, what = "enumerator", b"" if name is None else src[name.start_byte:name.end_byte]
@@ -88,20 +100,32 @@ def _groups(root: Node, src: bytes) -> dict[tuple[str, bytes, int], list[Node]]:
     return found
 
 
+_MAP = re.compile(rb"(?:^|\W)(?:unordered_)?map\s*<")  # not a multimap: one value a key
+
+
+def _a_map(node: Node, src: bytes) -> bool:
+    """Whether a declarator declares a map (std::map, std::unordered_map)."""
+    decl = node.parent
+    kind = decl.child_by_field_name("type") if decl is not None else None
+    return kind is not None and bool(_MAP.search(src[kind.start_byte:kind.end_byte]))
+
+
 _TRIVIAL = {b"", b"{", b"}", b"break;", b"} break;", b"{ } break;", b","}
 
 
 def _label(kind: str, node: Node) -> Node | None:
-    """What a member is known by: a case's value, an enumerator's name."""
+    """What a member is known by: a case's value, an enumerator's name, a map entry's key."""
+    if kind == "entry":
+        return next((c for c in node.named_children if c.type != "comment"), None)
     return node.child_by_field_name("value" if kind == "case" else "name")
 
 
 def _after_label(kind: str, node: Node, src: bytes) -> bytes:
     """A case's statements (what follows `case X:`), an enumerator's value (what follows
-    its name)."""
+    its name), a map entry's value (what follows `{ key,`)."""
     field = _label(kind, node)
     rest = src[field.end_byte if field is not None else node.start_byte:node.end_byte]
-    return rest.lstrip()[1:] if kind == "case" else rest
+    return rest if kind == "enumerator" else rest.lstrip()[1:]
 
 
 def _own_code(kind: str, mine: bytes, upstream: bytes) -> bool:
@@ -121,6 +145,7 @@ def _key(kind: str, node: Node, src: bytes) -> bytes | None:
 
 _CASE = re.compile(rb"^\s*case\s+([^:]+?)\s*:")
 _ENUMERATOR = re.compile(rb"^\s*([A-Za-z_]\w*)\s*(?:=[^,]*)?,?\s*(?://.*)?$")
+_ENTRY = re.compile(rb"^\s*\{\s*([A-Za-z_][\w:]*)\s*,")  # `{ LLM_ARCH_X, "x" },`
 
 
 def _candidates(ours: bytes, added: Iterable[str]) -> bool:
@@ -131,11 +156,21 @@ def _candidates(ours: bytes, added: Iterable[str]) -> bool:
         case = _CASE.match(line)
         if case and re.search(rb"\bcase\s+" + re.escape(case.group(1)) + rb"\s*:", ours):
             return True
+        entry = _ENTRY.match(line)
+        if entry and re.search(rb"\{\s*" + re.escape(entry.group(1)) + rb"\s*,", ours):
+            return True
         enumerator = _ENUMERATOR.match(line)
         if enumerator and re.search(rb"(?m)^\s*" + re.escape(enumerator.group(1))
                                     + rb"\s*[=,}\n]", ours):
             return True
     return False
+
+
+_IN = {"case": "in that switch", "enumerator": "in that enum", "entry": "a key of that map"}
+_TWICE = {"case": "twice, it does not compile", "enumerator": "twice, it does not compile",
+          "entry": "the map keeps only one of them"}
+_ONCE = {"case": "it would not compile", "enumerator": "it would not compile",
+         "entry": "the map keeps one of them"}
 
 
 def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, list[str]]:
@@ -152,7 +187,7 @@ def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, l
     lines = result.splitlines(keepends=True)
     new: set[int] | None = None  # the lines the carry added, read only when texts tie
     drop: set[int] = set()
-    said: list[tuple[str, int, bool]] = []
+    said: list[tuple[str, str, int, bool]] = []
     for ident, members in _groups(tree.root_node, result).items():
         kind = ident[0]
         by_key: dict[bytes, list[Node]] = defaultdict(list)
@@ -183,11 +218,12 @@ def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, l
                     drop.update(range(m.start_point[0], m.end_point[0] + 1))
             label = f"case {key.decode(errors='replace')}" if kind == "case" \
                 else key.decode(errors="replace")
-            said.append((f"{label} is in that {'switch' if kind == 'case' else 'enum'} "
-                         "already", target.start_point[0], bool(own)))
+            where = _label(kind, target) or target
+            said.append((kind, f"{label} is {_IN[kind]} already", where.start_point[0],
+                         bool(own)))
     notes = [f"{what} (line {row + 1 - sum(1 for d in drop if d < row)}): " + (
-             "the patch's, in its own form, carried beside it: twice, it does not compile "
-             "(the two must become one)" if own else
-             "the patch's, a second one, left out (it would not compile)")
-             for what, row, own in said]
+             f"the patch's, in its own form, carried beside it: {_TWICE[kind]} (the two "
+             "must become one)" if own else
+             f"the patch's, a second one, left out ({_ONCE[kind]})")
+             for kind, what, row, own in said]
     return b"".join(line for k, line in enumerate(lines) if k not in drop), notes
