@@ -30,6 +30,7 @@ from portkit.cache import cache_dir, lay_down, scratch, sweep
 from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.hunks import apply_hunks
 from portkit.index import source_files
+from portkit.paths import EXECUTABLE, SYMLINK
 from portkit.proc import git, last_line
 from portkit.record import (
     Record,
@@ -157,11 +158,13 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
 
 def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
                   reverse: bool = False, strips: Sequence[int] | None = None,
+                  start: dict[str, tuple[bytes, int] | None] | None = None,
                   ) -> dict[str, tuple[bytes, int] | None]:
     """patched_contents with git's mode of each file (REGULAR, EXECUTABLE, SYMLINK: then the
     bytes are the link's target; `strips`: each patch's -pN, 1 where not given). A symbolic
     link in the tree is read, never followed, only
-    where the series itself says the file is one."""
+    where the series itself says the file is one. `start` gives files as they are to be
+    taken instead of the tree's (None: absent), as patched_files returned them."""
     levels = list(strips) if strips is not None else [1] * len(patches)
     parsed = [parse_patch(name, text, strip=level)
               for (name, text), level in zip(patches, levels, strict=True)]
@@ -176,6 +179,17 @@ def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str,
         work.mkdir()
         with TreeFiles(root) as tree_files:
             for rel in files:
+                if start is not None and rel in start:
+                    given = start[rel]
+                    if given is not None:
+                        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                        if given[1] == SYMLINK:
+                            os.symlink(os.fsdecode(given[0]), work / rel)
+                            continue
+                        (work / rel).write_bytes(given[0])
+                        if given[1] == EXECUTABLE:
+                            (work / rel).chmod(0o755)
+                    continue
                 found = tree_files.read(rel, links=rel in links)
                 if found is not None:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -406,23 +420,29 @@ def _as_fork_patches(tree: Tree, series: Series) -> Series:
     written as git's diff of the change it makes (`diff --git`, `index` lines, headings as
     the fork's series has them), with its file name as its subject and the author git's
     configuration names: `git am` applies only mails."""
-    conventions = fork_conventions(tree)
     assert tree.series_dir is not None
     try:
-        drivers = heading_drivers(read_series(tree.series_dir, lenient=True).patches)
+        own: Series | None = read_series(tree.series_dir)
+    except PortkitError:
+        own = None
+    conventions = fork_conventions(tree, own)
+    try:
+        drivers = heading_drivers((own or read_series(tree.series_dir, lenient=True)).patches)
     except PortkitError:
         drivers = {}
     first, total = conventions.next_number, conventions.next_number + len(series.patches) - 1
     out: list[Patch] = []
-    before: list[tuple[str, bytes, int]] = []  # the patches so far, with their -pN
+    state: dict[str, tuple[bytes, int] | None] = {}  # the files as the patches so far left them
     for i, patch in enumerate(series.patches):
         diff = patch.diff
         if not all(f.git for f in patch.files):
-            diff = _git_form(tree, before, patch, conventions.abbrev, drivers)
+            diff = _git_form(tree, state, patch, conventions.abbrev, drivers)
         elif patch.strip != 1:
             raise UsageError(f"{series.folder / patch.name} is a -p{patch.strip} git patch: a "
                              f"fork's series holds -p1 patches (git am); write it as one first")
-        before.append((patch.name, patch.data, patch.strip))
+        state.update(patched_files(tree.llama_root, list(patch.paths),
+                                   [(patch.name, patch.data)], strips=[patch.strip],
+                                   start=state))
         stem = _NUMBER.sub("", PurePosixPath(patch.name).name)
         stem = stem.rsplit(".", 1)[0] if stem.endswith(PATCH_SUFFIXES) else stem
         out.append(new_patch(
@@ -433,14 +453,14 @@ def _as_fork_patches(tree: Tree, series: Series) -> Series:
     return replace(series, patches=tuple(out))
 
 
-def _git_form(tree: Tree, before: list[tuple[str, bytes, int]], patch: Patch, abbrev: int,
-              drivers: dict[str, str]) -> str:
-    """The change `patch` makes (after the patches `before`) as git's own diff of it."""
+def _git_form(tree: Tree, state: dict[str, tuple[bytes, int] | None], patch: Patch,
+              abbrev: int, drivers: dict[str, str]) -> str:
+    """The change `patch` makes (to the files as `state` has them, else as the tree has
+    them) as git's own diff of it."""
     paths = list(patch.paths)
-    earlier = [(name, data) for name, data, _ in before]
-    was = patched_files(tree.llama_root, paths, earlier, strips=[s for *_, s in before])
-    now = patched_files(tree.llama_root, paths, [*earlier, (patch.name, patch.data)],
-                        strips=[*(s for *_, s in before), patch.strip])
+    was = patched_files(tree.llama_root, paths, [], start=state)
+    now = patched_files(tree.llama_root, paths, [(patch.name, patch.data)],
+                        strips=[patch.strip], start=state)
     return git_diff({r: e[0] if e else None for r, e in was.items()},
                     {r: e[0] if e else None for r, e in now.items()}, abbrev=abbrev,
                     modes=({r: e[1] for r, e in was.items() if e},
@@ -473,10 +493,13 @@ def _is_fork(tree: Tree) -> bool:
     return tree.layout == OLLAMA and tree.series_dir is not None
 
 
-def fork_conventions(tree: Tree) -> Conventions:
-    """How the fork writes its series (llama/patches), so that what portkit adds looks like
-    the fork's own patches; ollama's format-patch options where the folder is empty."""
+def fork_conventions(tree: Tree, own: Series | None = None) -> Conventions:
+    """How the fork writes its series (llama/patches; `own`: that series, read already), so
+    that what portkit adds looks like the fork's own patches; ollama's format-patch options
+    where the folder is empty or cannot be read."""
     assert tree.series_dir is not None
+    if own is not None:
+        return own.conventions
     try:
         return read_series(tree.series_dir).conventions
     except PortkitError:

@@ -244,6 +244,43 @@ def test_in_a_fork_the_copies_are_written_as_the_forks_own_mails(fixture_fork, t
         p.name for p in own.patches)
 
 
+def test_plain_diffs_on_one_file_are_each_written_as_gits_diff_after_the_one_before(
+        fixture_fork, tmp_path):
+    """The second plain diff edits what the first adds: each copy is git's diff of its own
+    change, made on the file as the one before it left it."""
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    git(fork.root, "config", "user.name", "Fork Dev")
+    git(fork.root, "config", "user.email", "dev@fork.invalid")
+    series = tmp_path / "notes"
+    series.mkdir()
+    (series / "a.diff").write_text(
+        _diff(llama, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    later = tmp_path / "later" / "src"
+    later.mkdir(parents=True)
+    (later / GRAPH.split("/")[1]).write_text((llama / GRAPH).read_text().replace(
+        "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    (series / "b.diff").write_text(_diff(later.parent, GRAPH, "// a note\n",
+                                         "// a longer note\n"))
+    (series / "series").write_text("a.diff\nb.diff\n")
+    patches = fork.root / "llama" / "patches"
+    own = {p.name for p in patches.glob("*.patch")}
+    applied = invoke("apply", "--force", "--tree", str(fork.root), "--series", str(series))
+    assert applied.exit_code == 0, applied.output
+    added = sorted(p for p in patches.glob("*.patch") if p.name not in own)
+    assert len(added) == 2
+    git(fork.upstream, "checkout", "--quiet", "fork")
+    for copy in added:
+        git(fork.upstream, "am", "--quiet", str(copy))
+    assert "// a longer note" in (fork.upstream / GRAPH).read_text()
+    again = git(fork.upstream, "format-patch", "--no-signature", "--no-numbered",
+                "--zero-commit", "--stdout", "-2")
+    diffs = [part[part.index("diff --git"):] for part in again.split("\nFrom ")]
+    by_name = {p.name: p for p in read_series(patches).patches}
+    assert [by_name[p.name].diff for p in added] == [
+        d[:d.index("-- \n")] if "-- \n" in d else d for d in diffs]
+
+
 def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork, tmp_path):
     """A reverse deletes a record's copies: a copy must be one of the record's own patches,
     with its checksum, never another patch of the fork's series."""
