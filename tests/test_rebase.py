@@ -1654,3 +1654,73 @@ def test_a_report_of_non_utf8_names_is_valid_utf8(fmt):
     text.encode("utf-8")  # no lone surrogate left, in any format
     assert "0001-caf\ufffd.patch" in (json.loads(text)["patches"][0]["file"] if fmt == "json"
                                       else text)
+
+
+def test_a_binary_file_both_sides_changed_is_that_patchs_needs_human_not_the_series_end(
+        tmp_path):
+    """git merge-file does not merge binary files: the patch that changed one upstream
+    changed too is left for a human, and the rest of the series is carried."""
+    blob = bytes(range(256)) * 2
+    base_files = {"src/data.bin": blob, "src/llama.cpp": b"int a = 1;\n"}
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("base", dict(base_files))
+    repo.git("tag", "base")
+    repo.commit("new data", {"src/data.bin": blob[::-1]})
+    repo.commit("a is two", {"src/llama.cpp": b"int a = 2;\n"})
+    repo.git("format-patch", "-q", "--binary", "-o", str(tmp_path / "series"), *OLLAMA_OPTIONS,
+             "base..HEAD")
+    for name, files in (("base", base_files),
+                        ("target", {**base_files, "src/data.bin": blob + b"\0more"})):
+        for rel, data in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_bytes(data)
+    done = rb.rebase(read_series(tmp_path / "series"), detect(tmp_path / "target"),
+                     base=detect(tmp_path / "base"))
+    first, second = done.report.patches
+    assert first.status == rb.NEEDS_HUMAN and "binary" in first.reason
+    assert "src/data.bin" in first.reason
+    assert second.status == rb.UNCHANGED and second.output is not None
+
+
+def test_two_patches_of_one_stem_have_a_side_file_each(small, tmp_path):
+    """A quilt series with a/fix.diff and b/fix.diff, both for a human: one side file each."""
+    base, target, folder = small
+    needs_human = sorted(folder.glob("*.patch"))[4]
+    quilt = tmp_path / "quilt"
+    for sub in ("a", "b"):
+        (quilt / sub).mkdir(parents=True)
+        (quilt / sub / "fix.diff").write_bytes(needs_human.read_bytes())
+    (quilt / "series").write_text("a/fix.diff\nb/fix.diff\n")
+    done = rb.rebase(read_series(quilt), detect(target), base=detect(base))
+    rows = done.report.patches
+    assert [r.status for r in rows] == [rb.NEEDS_HUMAN, rb.NEEDS_HUMAN]
+    assert [r.conflict for r in rows] == ["needs-human/a--fix.diff.conflict",
+                                          "needs-human/b--fix.diff.conflict"]
+    assert set(done.side_files) == {r.conflict for r in rows}
+
+
+def test_a_mode_change_on_a_file_the_target_made_a_link_is_for_a_human(tmp_path):
+    """A patch that only makes a file executable, where upstream made that file a symbolic
+    link: carried, it would put a file where the link was."""
+    base_files = {"src/llama.cpp": b"int a = 1;\n", "src/run.sh": b"echo run\n"}
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("base", dict(base_files))
+    repo.git("tag", "base")
+    (repo.root / "src/run.sh").chmod(0o755)
+    repo.git("add", "src/run.sh")
+    repo.git("commit", "-q", "-m", "run is a program")
+    repo.format_patch(tmp_path / "series", *OLLAMA_OPTIONS)
+    for name in ("base", "target"):
+        (tmp_path / name / "src").mkdir(parents=True)
+        (tmp_path / name / "src/llama.cpp").write_bytes(base_files["src/llama.cpp"])
+    (tmp_path / "base/src/run.sh").write_bytes(base_files["src/run.sh"])
+    (tmp_path / "target/src/run.sh").symlink_to("llama.cpp")
+    done = rb.rebase(read_series(tmp_path / "series"), detect(tmp_path / "target"),
+                     base=detect(tmp_path / "base"))
+    (row,) = done.report.patches
+    assert row.status == rb.NEEDS_HUMAN and "symbolic link" in row.reason
+    assert row.output is None

@@ -84,6 +84,12 @@ BESIDE, SAME_POINT, ALREADY, DELETED, EDITED, APART, WORDS, LAYOUT, COUNT = Sett
 ALIKE_LINE = 0.8  # how alike a line upstream edited is to the one a patch deletes
 
 
+def binary(*sides: bytes) -> bool:
+    """Whether any of the files is binary as git tells (a NUL in its first 8000 bytes):
+    git merges no binary file."""
+    return any(b"\0" in side[:8000] for side in sides)
+
+
 def merge3(ours: bytes, base: bytes, theirs: bytes, *, room: Path | None = None,
            labels: tuple[str, str, str] = LABELS) -> tuple[bytes, int]:
     """`git merge-file` of `ours` and `theirs` against `base`: the result (with conflict

@@ -34,6 +34,7 @@ from portkit.follow.text import (
     LAYOUT,
     SAME_POINT,
     WORDS,
+    binary,
     merge,
     merge3,
 )
@@ -231,7 +232,7 @@ class _Carrier:
         needs a human is carried in part only where they need it)."""
         self.work.load(patch.paths)
         self.base.load(patch.paths)
-        linked = [f.path for f in patch.files if f.status == "modified" and f.hunks
+        linked = [f.path for f in patch.files if f.status == "modified"
                   and self.work.mode(f.path) == SYMLINK and self.base.mode(f.path) != SYMLINK]
         if linked:  # git apply refuses it too ("wrong type"): nothing to carry by text
             where = ", ".join(f"{rel} (to {_text_of(self.work.get(rel))})" for rel in linked)
@@ -611,6 +612,11 @@ class _Carrier:
                 conflicts.append(f"{rel}: " + ("the target has no such file" if o is None
                                                else "the target has it already, otherwise"
                                                if b is None else "the target changed it"))
+                failed.append(rel)
+                continue
+            elif binary(o, b, t):
+                conflicts.append(f"{rel}: a binary file upstream changed too (git merges no "
+                                 "binary files)")
                 failed.append(rel)
                 continue
             else:
@@ -1018,6 +1024,9 @@ class _Carrier:
                                   self.base.files.get(f.path))
             if f.status != "modified" or ours is None or base is None or theirs is None \
                     or theirs == base:
+                continue
+            if binary(ours, base, theirs):
+                out += [f"=== {f.path}: a binary file both sides changed (not merged)", ""]
                 continue
             merged, conflicts = merge3(ours, base, theirs, room=self.room)
             if conflicts:

@@ -10,6 +10,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -61,6 +62,15 @@ def base_spec(spec: str, target: Path | None = None) -> str:
     return f"git:{target.resolve()}@{found.stdout.strip()}" if found.returncode == 0 else spec
 
 
+def _side_names(names: list[str]) -> dict[str, str]:
+    """Each patch's side file, needs-human/<its stem>.conflict; where two patches share a
+    stem (a/fix.diff and b/fix.diff, 0005-x.patch and 0005-x.diff), each by its whole name
+    (a--fix.diff.conflict): no side file stands for two patches."""
+    stems = Counter(Path(name).stem for name in names)
+    return {name: f"{CONFLICTS}/{Path(name).stem}.conflict" if stems[Path(name).stem] == 1
+            else f"{CONFLICTS}/{name.replace('/', '--')}.conflict" for name in names}
+
+
 def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree | None = None,
            series_label: str = "series", target_label: str = "target",
            base_label: str | None = None) -> Rebased:
@@ -89,6 +99,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         # the files the patches after each one change (what a patch carried in part serves)
         later = {p.name: frozenset(rel for q in series.patches[k + 1:] for rel in q.paths)
                  for k, p in enumerate(series.patches)}
+        side_names = _side_names([p.name for p in series.in_order()])
         for patch in series.in_order():
             if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
                 kept[patch.name] = patch.data
@@ -113,7 +124,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             outcome = carrier.carry(patch, later=later[original.name])
             if outcome.status == DROPPED or (outcome.status == NEEDS_HUMAN
                                              and not outcome.after):
-                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict" \
+                name = side_names[patch.name] \
                     if outcome.status == NEEDS_HUMAN else None
                 if name is not None:
                     side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
@@ -143,7 +154,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             except UnreadablePatch as exc:  # never the whole run's refusal: this patch's
                 for rel in outcome.after:
                     carrier.work.put(rel, before[rel], before_modes[rel])
-                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
+                name = side_names[patch.name]
                 reason = (f"carried, it cannot be written back as a patch ({exc.message}); "
                           "left for a human")
                 side[name] = side_file(patch, reason, diff).encode("utf-8", "surrogateescape")
@@ -153,7 +164,7 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
             carried.append(written)
             name = None
             if outcome.status == NEEDS_HUMAN:  # carried in part: the rest in its side file
-                name = f"{CONFLICTS}/{Path(patch.name).stem}.conflict"
+                name = side_names[patch.name]
                 side[name] = outcome.conflict.encode("utf-8", "surrogateescape")
             rows.append(RebasedPatch(patch.name, patch.subject, outcome.status, outcome.reason,
                                      patch.name, name))
