@@ -291,6 +291,10 @@ def _fatal(lines: list[str]) -> str | None:
     return None
 
 
+def _ended(name: str) -> str:
+    return name + "\t" if " " in name and not name.startswith('"') else name
+
+
 def _section(f: FileDiff, hunks: Sequence[str]) -> str:
     """One file of a patch as GNU patch reads it, with `hunks` as its hunks. Names are the
     tree paths under a/ and b/ (run with -p1), so GNU patch sees what unidiff read."""
@@ -311,8 +315,8 @@ def _section(f: FileDiff, hunks: Sequence[str]) -> str:
                 out.append(line.rsplit(" ", 1)[0] + " 100644\n")
             elif not line.startswith(("index ", "old mode ", "new mode ")):
                 out.append(line if line.endswith("\n") else line + "\n")
-    if hunks:
-        out += [f"--- {old}\n", f"+++ {new}\n"]
+    if hunks:  # a name with a space ends at a tab, as git writes it (GNU patch reads so)
+        out += [f"--- {_ended(old)}\n", f"+++ {_ended(new)}\n"]
         out += [h if h.endswith("\n") else h + "\n" for h in hunks]
     return "".join(out)
 

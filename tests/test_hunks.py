@@ -520,3 +520,16 @@ def test_a_run_ahead_that_cannot_start_every_run_leaves_none_running(drifted, tm
         with pytest.raises(ToolMissing):
             carry.patch(series.patches[0])
         assert len(started) == 1 and started[0].poll() is not None and not carry._ahead
+
+
+def test_a_path_with_a_space_is_found_as_gnu_patch_finds_it(tmp_path):
+    """git ends a name with a space by a tab on the --- and +++ lines; without it GNU patch
+    reads `a/src/my` and finds no file."""
+    spaced = "src/my file.cpp"
+    after = edited(ORIGINAL, dict([change(4, 2, "    return y + 40;\n")]))
+    patch = make_patch("spaced", (spaced, b"".join(ORIGINAL), b"".join(after)))
+    tree = write_tree(tmp_path / "tree", {spaced: b"// one more line\n" + b"".join(ORIGINAL)})
+    with apply_hunks([patch], tree) as result:
+        (hunk,) = result.hunks
+        assert (hunk.status, hunk.offset) == (OFFSET, 1)
+        assert result.files[spaced] == b"// one more line\n" + b"".join(after)
