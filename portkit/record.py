@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portkit.errors import RecordError, TreeError, UsageError
+from portkit.errors import PortkitError, RecordError, TreeError, UsageError
+from portkit.series import parse_patch
 from portkit.transaction import RECORD_FOLDER, TreeFiles, path_parts, sha256
 from portkit.tree import Tree
 
@@ -30,7 +31,9 @@ SCHEMA = "portkit-record/2"
 STATE = "state.json"
 
 _FEATURE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]{1,200}\.patch")  # a fork's series file
+# a fork's series file, as git format-patch names it (0005-.patch for a subject of no
+# letters or digits)
+_PATCH_NAME = re.compile(r"\d{4}-[A-Za-z0-9._-]{0,200}\.patch")
 # a patch file kept in a record: any plain name of the series' (`fix.diff`, a quilt patch)
 _RECORD_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+~-]{0,200}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -193,6 +196,9 @@ class _Reader:
             listed = data.get("patches")
             if not isinstance(listed, list):
                 raise self.bad("no list of patches")
+            for p in listed:
+                if not isinstance(p, dict):
+                    raise self.bad(f"a patch is not a {{name, sha256}} entry: {p!r}")
             entries = [self.entry(p, "a patch", key="name") for p in listed]
             self.strips = [p.get("strip", 1) for p in listed]
             if any(type(level) is not int or not 0 <= level <= 9 for level in self.strips):
@@ -215,6 +221,15 @@ class _Reader:
         if "schema" not in data:
             self.numbering(out)
         return out
+
+    def named(self, series: list[tuple[str, bytes]]) -> set[str]:
+        """Every path the record's patches name."""
+        levels = self.strips if len(self.strips) == len(series) else [1] * len(series)
+        try:
+            return {path for (name, text), level in zip(series, levels, strict=True)
+                    for path in parse_patch(name, text, strip=level).paths}
+        except PortkitError as exc:
+            raise self.bad(f"a patch of it cannot be read ({exc.message})") from exc
 
     def numbering(self, series: list[tuple[str, bytes]]) -> None:
         """A first-format record lists no patches: its [PATCH k/n] subjects must be 1..n."""
@@ -245,6 +260,8 @@ class _Reader:
             raise self.bad("not UTF-8") from exc
         except ValueError as exc:
             raise self.bad(f"not JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise self.bad("not JSON a reader can take (nested too deep)") from exc
         if not isinstance(data, dict):
             raise self.bad("not a JSON object")
         schema = data.get("schema")
@@ -265,6 +282,10 @@ class _Reader:
         for entry in touched:
             self.path(in_llama(self.tree, entry.path), "a touched file")
         series = self.series(data)
+        named = self.named(series)
+        for entry in touched:  # a record's files are its patches' own, never another file
+            if entry.path not in named:
+                raise self.bad(f"it lists {entry.path}, which none of its patches touches")
         own = {name: sha256(text) for name, text in series}
         checked = [self.copy(self.entry(c, "a series copy")) for c in copies]
         for entry in checked:  # a copy is one of the record's own patches, never another file

@@ -231,8 +231,14 @@ class TreeFiles:
                     os.fchown(fd, *owner)  # root rewriting a user's file keeps it theirs
                 os.fchmod(fd, mode)
                 os.fsync(fd)
-            finally:
+            except Exception:  # a write, an owner or a mode refused: no temporary left
                 os.close(fd)
+                _unlink_at(tmp, dfd)
+                raise
+            except BaseException:  # interrupted: the rollback takes the temporary away
+                os.close(fd)
+                raise
+            os.close(fd)
             checkpoint(f"write:{rel}:temp")
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             checkpoint(f"write:{rel}:renamed")
@@ -434,17 +440,26 @@ class Journal:
                     _checked(entry["path"]),
                     base64.b64decode(entry["data"], validate=True) if existed else None,
                     int(entry["mode"]) & 0o7777,
-                    (int(owner[0]), int(owner[1])) if owner else None,
+                    (_id(owner[0]), _id(owner[1])) if owner else None,
                     entry["after_sha256"], entry.get("link") is True))
             made = [_checked(p) for p in data["made_folders"]]
             removed = [(_checked(e["path"]), int(e["mode"]) & 0o7777)
                        for e in data["removed_folders"]]
-            return Journal(str(data["action"]), int(data["pid"]), files, made, removed)
+            return Journal(str(data["action"]), _id(data["pid"]), files, made, removed)
         except RecordError as exc:
             raise bad(exc.message) from exc
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError,
-                binascii.Error) as exc:
+                binascii.Error, OverflowError) as exc:
             raise bad(f"{type(exc).__name__}: {exc}") from exc
+        except RecursionError as exc:
+            raise bad("nested too deep") from exc
+
+
+def _id(value: Any) -> int:
+    """A user, group or process id as a journal may hold one (a whole number below 2^31)."""
+    if type(value) is not int or not 0 <= value < 2 ** 31:
+        raise RecordError(f"not an id: {str(value)[:40]}")
+    return value
 
 
 def _checked(rel: Any) -> str:

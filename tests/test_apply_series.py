@@ -281,6 +281,48 @@ def test_plain_diffs_on_one_file_are_each_written_as_gits_diff_after_the_one_bef
         d[:d.index("-- \n")] if "-- \n" in d else d for d in diffs]
 
 
+def test_a_record_listing_a_file_its_patches_do_not_touch_is_refused(fixture_tree, tmp_path):
+    """--reverse writes back every file a record lists: one its patches never touch (an
+    executable made a plain file) is no file of the record's."""
+    tree = fixture_tree("old")
+    series = tmp_path / "fixes"
+    series.mkdir()
+    (series / "0001-a.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    assert _apply(tree, series).exit_code == 0
+    state = tree / ".portkit" / "fixes" / "state.json"
+    data = json.loads(state.read_text())
+    data["files"].append({"path": "src/llama.cpp", "sha256": "0" * 64})
+    state.write_text(json.dumps(data))
+    before = tree_bytes(tree)
+    refused = _apply(tree, series, "--reverse")
+    assert refused.exit_code == 6 and refused.stderr.count("\n") == 1
+    assert "src/llama.cpp, which none of its patches touches" in refused.stderr
+    assert tree_bytes(tree) == before
+
+
+def test_a_subject_of_no_letters_gives_the_copy_gits_name_and_it_comes_out(fixture_fork,
+                                                                             tmp_path):
+    """git format-patch names a mail whose subject has no letters or digits 0003-.patch."""
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    series = tmp_path / "odd"
+    series.mkdir()
+    (series / "0001-.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] !!!\n\n---\n"
+        + _diff(llama, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    before = tree_bytes(fork.root)
+    assert _apply(fork.root, series).exit_code == 0
+    patches = fork.root / "llama" / "patches"
+    assert (patches / "0003-.patch").is_file()
+    info = invoke("tree", "info", str(fork.root))
+    assert info.exit_code == 0, info.output
+    back = _apply(fork.root, series, "--reverse")
+    assert back.exit_code == 0, back.output
+    assert tree_bytes(fork.root) == before
+
+
 def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork, tmp_path):
     """A reverse deletes a record's copies: a copy must be one of the record's own patches,
     with its checksum, never another patch of the fork's series."""

@@ -4,6 +4,7 @@ byte for byte as they were (or exactly as a clean run leaves them)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -302,6 +303,50 @@ def test_a_journal_that_points_outside_is_refused(tree, tmp_path):
     everything = snapshot(tmp_path)
     fails(portkit(["recover"], tree), RecordError.exit_code,
           f"bad journal {tree / '.portkit' / '.journal'}: ")
+    assert snapshot(tmp_path) == everything
+
+
+@pytest.mark.parametrize("field, value", [("owner", [99999999999999999999999, 0]),
+                                          ("pid", 1e400)])
+def test_a_journal_with_an_id_out_of_range_is_refused(tree, tmp_path, field, value):
+    """A hostile journal: an owner no system has, a pid of infinity. Refused as a bad
+    journal, and nothing (no temporary file either) is left in the tree."""
+    rel = next(p.relative_to(tree).as_posix() for p in sorted(tree.rglob("llama.cpp"))
+               if p.is_file())
+    original = (tree / rel).read_bytes()
+    (tree / rel).write_bytes(original + b"// edited\n")
+    entry = {"path": rel, "existed": True, "mode": 420, "owner": None,
+             "data": base64.b64encode(original).decode(), "after_sha256": None}
+    journal = {"schema": "portkit-journal/1", "action": "apply of kv-rotation", "pid": 1,
+               "files": [entry], "made_folders": [], "removed_folders": []}
+    if field == "owner":
+        entry["owner"] = value
+    else:
+        journal["pid"] = value
+    (tree / ".portkit").mkdir()
+    (tree / ".portkit" / ".journal").write_text(json.dumps(journal))
+    everything = snapshot(tmp_path)
+    fails(portkit(["recover"], tree), RecordError.exit_code,
+          f"bad journal {tree / '.portkit' / '.journal'}: ")
+    assert snapshot(tmp_path) == everything
+
+
+def test_json_nested_too_deep_is_a_bad_record_or_journal(patched, tmp_path):
+    deep = "[" * 200000 + "]" * 200000
+    (patched / RECORD / "state.json").write_text(deep)
+    fails(portkit(REVERSE, patched), RecordError.exit_code, "bad record ")
+    (patched / ".portkit" / ".journal").write_text(deep)
+    everything = snapshot(tmp_path)
+    fails(portkit(["recover"], patched), RecordError.exit_code, "bad journal ")
+    assert snapshot(tmp_path) == everything
+
+
+def test_a_record_listing_its_patches_by_name_only_is_refused(patched, tmp_path):
+    data = state_json(patched)
+    data["patches"] = [p["name"] for p in data["patches"]]
+    write_state(patched, data)
+    everything = snapshot(tmp_path)
+    fails(portkit(REVERSE, patched), RecordError.exit_code, "bad record ")
     assert snapshot(tmp_path) == everything
 
 
