@@ -31,7 +31,7 @@ from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.hunks import apply_hunks
 from portkit.index import source_files
 from portkit.paths import EXECUTABLE, SYMLINK
-from portkit.proc import git, last_line
+from portkit.proc import git, last_line, run
 from portkit.record import (
     Record,
     applied,
@@ -468,25 +468,26 @@ def _git_form(tree: Tree, state: dict[str, tuple[bytes, int] | None], patch: Pat
 
 
 def _author(tree: Tree, name: str) -> str:
-    """`Name <email>` as git would write the user as an author: GIT_AUTHOR_NAME and
-    GIT_AUTHOR_EMAIL, else author.name and author.email, else user.name and user.email of
-    git's configuration (only read)."""
-    import git as gitpython
-
-    user = os.environ.get("GIT_AUTHOR_NAME"), os.environ.get("GIT_AUTHOR_EMAIL")
-    if not all(user):
-        try:
-            config = gitpython.Repo(tree.root, search_parent_directories=True).config_reader()
-            user = tuple(user[k] or str(config.get_value("author", key, "")) or
-                         str(config.get_value("user", key, ""))
-                         for k, key in enumerate(("name", "email")))  # type: ignore[assignment]
-        except Exception:  # no repository, or a configuration that cannot be read
-            pass
-    if not user[0] or not user[1]:
+    """`Name <email>` as git would write the user as an author: `git var GIT_AUTHOR_IDENT`
+    in the fork, with the user's configuration and environment (GIT_AUTHOR_*, the fork's,
+    GIT_CONFIG_GLOBAL's or ~/.gitconfig's author.* and user.*, EMAIL), only read."""
+    keep = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+            "GIT_CONFIG_NOSYSTEM")  # never a GIT_DIR of a caller's hook: the fork's own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in keep}
+    env["LC_ALL"] = "C"
+    try:
+        done = run(["git", "-c", "core.hooksPath=" + os.devnull, "var", "GIT_AUTHOR_IDENT"],
+                   cwd=tree.root, env=env, check=False)
+    except PortkitError:
+        done = None
+    found = re.fullmatch(r"(.+?) <(.*)> \d+ [+-]\d{4}", done.stdout.strip()) \
+        if done is not None and done.returncode == 0 else None
+    if found is None or not found.group(2):
+        why = last_line(done) if done is not None else "git not found"
         raise UsageError(f"{name} is a plain diff: the fork's series holds mails with an "
-                         f"author; set git's user.name and user.email, or give it as a mail "
-                         f"(git format-patch)")
-    return f"{user[0]} <{user[1]}>"
+                         f"author, and git names none ({why}); set git's user.name and "
+                         f"user.email, or give it as a mail (git format-patch)")
+    return f"{found.group(1)} <{found.group(2)}>"
 
 
 def _is_fork(tree: Tree) -> bool:

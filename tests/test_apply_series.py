@@ -323,6 +323,40 @@ def test_a_subject_of_no_letters_gives_the_copy_gits_name_and_it_comes_out(fixtu
     assert tree_bytes(fork.root) == before
 
 
+@pytest.mark.parametrize("where", ["GIT_CONFIG_GLOBAL", "nowhere"])
+def test_a_plain_diffs_author_is_the_one_git_names(fixture_fork, tmp_path, monkeypatch, where):
+    """The author of a plain diff's copy is `git var GIT_AUTHOR_IDENT`'s: the configuration
+    GIT_CONFIG_GLOBAL names, not ~/.gitconfig; where git names none, a one-line refusal."""
+    fork = fixture_fork("old")
+    llama = fork.root / "llama" / "llama.cpp"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[user]\n\tname = Home File\n\temail = home@example.com\n")
+    chosen = tmp_path / "chosen.gitconfig"
+    chosen.write_text("[user]\n\tname = Global Via Env\n\temail = env@example.com\n"
+                      if where == "GIT_CONFIG_GLOBAL" else "[user]\n\tuseConfigOnly = true\n")
+    for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "EMAIL", "GIT_CONFIG_NOSYSTEM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(chosen))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    series = tmp_path / "fixes"
+    series.mkdir()
+    (series / "note.diff").write_text(
+        _diff(llama, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    before = tree_bytes(fork.root)
+    done = _apply(fork.root, series)
+    if where == "nowhere":
+        assert done.exit_code == 2 and done.stderr.count("\n") == 1, done.output
+        assert "note.diff is a plain diff" in done.stderr and "git names none" in done.stderr
+        assert tree_bytes(fork.root) == before
+        return
+    assert done.exit_code == 0, done.output
+    (copy,) = [p for p in read_series(fork.root / "llama" / "patches").patches
+               if p.name.endswith("-note.patch")]
+    assert copy.author == "Global Via Env <env@example.com>"
+
+
 def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork, tmp_path):
     """A reverse deletes a record's copies: a copy must be one of the record's own patches,
     with its checksum, never another patch of the fork's series."""
