@@ -17,7 +17,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from email.header import decode_header, make_header
 from email.utils import parseaddr
 from pathlib import Path, PurePosixPath
@@ -601,6 +601,12 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
         # prefers (fewest components, then shortest base name, then shortest name).
         old = new = min((old, new), key=lambda p: (p.count("/"), len(p.rsplit("/", 1)[-1]),
                                                    len(p)))
+    if not git and new is not None and _epoch(f.target_timestamp) and all(
+            h.target_length == 0 for h in f):
+        new = None  # diff -N's absent new file: GNU patch deletes it
+    if not git and old is not None and new is not None and _epoch(f.source_timestamp) and all(
+            h.source_length == 0 for h in f):
+        old = None  # diff -N's absent old file: GNU patch creates it
     extended = tuple(line for line in info[1:] if git and _GIT_EXTENDED.match(line))
     copied = any(line.startswith("copy from ") for line in extended)
     status: FileStatus = ("created" if old is None else "deleted" if new is None
@@ -620,6 +626,26 @@ def _file_diff(where: str, f: PatchedFile, strip: int, lines: list[str],
         if problem:
             raise UnreadablePatch(f"{where}: refusing {quote_path(diff.new_path)}: {problem}")
     return diff
+
+
+_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)?(?: ([+-])(\d\d)(\d\d))?")
+
+
+def _epoch(stamp: str | None) -> bool:
+    """Whether a plain diff's timestamp is the Epoch (in any zone): how `diff -N` marks a
+    file absent on that side, as GNU patch reads it."""
+    text = (stamp or "").strip()
+    m = _STAMP.fullmatch(text)
+    if m is None:  # diff -c's traditional form
+        return bool(re.fullmatch(r"\w{3} \w{3} +1 00:00:00 1970", text))
+    year, month, day, hour, minute, second = (int(x) for x in m.groups()[:6])
+    try:
+        local = datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return False
+    offset = timedelta(hours=int(m.group(8) or 0), minutes=int(m.group(9) or 0))
+    utc = local - offset if m.group(7) != "-" else local + offset
+    return utc == datetime(1970, 1, 1)
 
 
 def _mode(value: str | None) -> int | None:

@@ -357,6 +357,30 @@ def test_a_plain_diffs_author_is_the_one_git_names(fixture_fork, tmp_path, monke
     assert copy.author == "Global Via Env <env@example.com>"
 
 
+def test_a_file_diff_ruN_deletes_is_deleted_and_comes_back(fixture_tree, tmp_path):
+    """`diff -ruN` writes a deleted file against the Epoch, not /dev/null: GNU patch deletes
+    it, and so does apply; --reverse puts it back."""
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    rel = "src/llama-hparams.h"
+    work = tmp_path / "work"
+    (work / "a" / "src").mkdir(parents=True)
+    (work / "b" / "src").mkdir(parents=True)
+    (work / "a" / rel).write_bytes((tree / rel).read_bytes())
+    done = subprocess.run(["diff", "-ruN", "a", "b"], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "TZ": "America/Los_Angeles"})
+    assert done.returncode == 1 and ("1969-12-31" in done.stdout  # the zone's, where known
+                                     or "1970-01-01" in done.stdout), done.stdout[:300]
+    series = tmp_path / "drop"
+    series.mkdir()
+    (series / "0001-drop-hparams.diff").write_text(done.stdout)
+    applied = _apply(tree, series)
+    assert applied.exit_code == 0, applied.output
+    assert not (tree / rel).exists()
+    assert _apply(tree, series, "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+
+
 def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork, tmp_path):
     """A reverse deletes a record's copies: a copy must be one of the record's own patches,
     with its checksum, never another patch of the fork's series."""

@@ -675,3 +675,23 @@ def test_git_diff_quotes_unusual_paths_as_git_does(tmp_path):
         made = git_diff(before, after, renames=renames)
         assert made.encode("utf-8", "surrogateescape") == expected
         assert '"a/src/t\\303\\251st.c"' in made
+
+
+@pytest.mark.parametrize("stamp", ["1970-01-01 00:00:00.000000000 +0000",
+                                   "1969-12-31 16:00:00.000000000 -0800"])
+def test_diff_n_marks_an_absent_file_by_the_epoch_as_gnu_patch_reads_it(stamp):
+    """`diff -ruN` writes a deleted file's new side (a created file's old side) with the
+    Epoch as its time, in the writer's zone: the file is deleted (created), not emptied."""
+    gone = parse_patch("gone.diff", f"diff -ruN a/src/x.h b/src/x.h\n"
+                       f"--- a/src/x.h\t2025-01-01 10:00:00.000000000 +0100\n"
+                       f"+++ b/src/x.h\t{stamp}\n@@ -1,2 +0,0 @@\n-a\n-b\n".encode())
+    (f,) = gone.files
+    assert (f.status, f.old_path, f.new_path) == ("deleted", "src/x.h", None)
+    made = parse_patch("made.diff", f"--- a/src/y.h\t{stamp}\n"
+                       f"+++ b/src/y.h\t2025-01-01 10:00:00.000000000 +0100\n"
+                       f"@@ -0,0 +1 @@\n+c\n".encode())
+    (f,) = made.files
+    assert (f.status, f.old_path, f.new_path) == ("created", None, "src/y.h")
+    emptied = parse_patch("emptied.diff", b"--- a/src/x.h\t2025-01-01 10:00:00 +0100\n"
+                          b"+++ b/src/x.h\t2025-01-02 10:00:00 +0100\n@@ -1,2 +0,0 @@\n-a\n-b\n")
+    assert emptied.files[0].status == "modified"  # emptied, as GNU patch leaves it
