@@ -179,13 +179,15 @@ def _in_use(path: Path) -> bool:
     return False
 
 
-def sweep(parent: Path, *, older_than: float = STALE_AFTER) -> list[Path]:
-    """Remove the scratch folders in `parent` that interrupted processes left: older than
-    `older_than` seconds and locked by no one. Return what was removed."""
+def sweep(parent: Path, *, older_than: float = STALE_AFTER,
+          prefixes: tuple[str, ...] = SCRATCH_PREFIXES) -> list[Path]:
+    """Remove the scratch folders in `parent` (named by one of `prefixes`) that interrupted
+    processes left: older than `older_than` seconds and locked by no one. Return what was
+    removed."""
     now = time.time()
     removed = []
     for path in parent.iterdir():
-        if not path.name.startswith(SCRATCH_PREFIXES) or not path.is_dir():
+        if not path.name.startswith(prefixes) or not path.is_dir() or path.is_symlink():
             continue
         try:
             age = now - path.lstat().st_mtime

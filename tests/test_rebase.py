@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterable
@@ -382,6 +383,23 @@ def test_output_is_written_at_once_and_never_over_something(small, tmp_path):
     (tmp_path / "empty").mkdir()
     rb.write_rebased(done, tmp_path / "empty")
     assert tree_bytes(tmp_path / "empty") == tree_bytes(out)
+
+
+def test_what_a_killed_write_left_beside_the_output_is_removed_by_the_next(small, tmp_path):
+    """kill -9 while --out was being filled leaves its hidden sibling: the next write removes
+    it (unlocked and a minute old: its owner is gone), and leaves a live one alone."""
+    base, target, folder = small
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    stale = tmp_path / ".out.portkit-0123abcd"
+    (stale / "needs-human").mkdir(parents=True)
+    (stale / "0001-half.patch").write_text("half written\n")
+    old = time.time() - 120
+    os.utime(stale, (old, old))
+    fresh = tmp_path / ".out.portkit-fresh000"  # another run's, just made
+    fresh.mkdir()
+    rb.write_rebased(done, tmp_path / "out")
+    assert not stale.exists() and fresh.is_dir()
+    assert read_series(tmp_path / "out").patches == done.series.patches
 
 
 def test_report_formats(small):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -16,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from portkit.cache import scratch, sweep
 from portkit.errors import UnreadablePatch, UsageError
 from portkit.follow import follow
 from portkit.fork import (
@@ -231,14 +230,11 @@ def write_rebased(rebased: Rebased, out: Path) -> None:
     check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = out.stat().st_mode & 0o7777 if out.exists() else None
-    while True:  # a fresh hidden sibling, made as any folder there is (the umask applies)
-        tmp = out.parent / f".{out.name}.portkit-{secrets.token_hex(6)}"
-        try:
-            tmp.mkdir()
-            break
-        except FileExistsError:
-            continue
-    try:
+    hidden = f".{out.name}.portkit-"
+    sweep(out.parent, older_than=60.0, prefixes=(hidden,))  # what a killed run left
+    # a fresh hidden sibling, made as any folder there is (the umask applies), locked while
+    # it is being filled
+    with scratch(out.parent, hidden) as tmp:
         if kept is not None:
             os.chmod(tmp, kept)
         for rel, data in rebased.files().items():
@@ -251,6 +247,3 @@ def write_rebased(rebased: Rebased, out: Path) -> None:
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
