@@ -344,6 +344,7 @@ class Unreadable:
     data: bytes = field(repr=False)
     strip: int = 1
     cover: bool = False
+    absent: bool = False  # no file to keep: a link to nothing, a folder
 
 
 @dataclass(frozen=True)
@@ -430,7 +431,7 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
             # link to nothing is one that cannot be read, not a gap in the series
             entries = [(p.name, 1) for p in sorted(path.iterdir())
                        if p.suffix in PATCH_SUFFIXES and not p.name.startswith(".")
-                       and (p.is_file() or (p.is_symlink() and not p.exists()))]
+                       and (p.is_file() or p.is_symlink())]
         except OSError as exc:
             raise FileError(f"{path}: cannot list it ({exc.strerror})") from exc
         kind = "plain"
@@ -443,8 +444,10 @@ def read_series(path: Path, *, lenient: bool = False) -> Series:
             cover = isinstance(exc, CoverLetter)
             if not lenient and not cover:
                 raise
-            data = (path / name).read_bytes() if (path / name).is_file() else b""
-            unreadable.append(Unreadable(name, position, exc.message, data, strip, cover))
+            absent = not (path / name).is_file()
+            data = b"" if absent else (path / name).read_bytes()
+            unreadable.append(Unreadable(name, position, exc.message, data, strip, cover,
+                                         absent))
     if all(bad.cover for bad in unreadable) and not patches:
         raise InputError(f"{path}: no patches in it")
     if kind == "plain" and any(p.is_mail for p in patches):
@@ -457,6 +460,8 @@ def _read_patch(folder: Path, name: str, strip: int) -> Patch:
     path = folder / name
     if path.is_symlink() and not path.exists():
         raise UnreadablePatch(f"{path}: a symbolic link to nothing")
+    if path.is_dir():
+        raise UnreadablePatch(f"{path}: a folder, not a patch file")
     if not path.is_file():
         raise UnreadablePatch(f"{folder / 'series'}: {name} does not exist")
     try:

@@ -1495,6 +1495,17 @@ def test_hidden_files_are_no_patches_and_a_link_to_nothing_is_a_verdict(small, t
     rows = done.report.patches
     assert [r.file for r in rows] == ["0000-gone.patch", *names]
     assert rows[0].status == rb.NEEDS_HUMAN and "a symbolic link to nothing" in rows[0].reason
+    assert "0000-gone.patch" not in done.files() and rows[0].output is None  # no empty file
+
+
+def test_a_patch_name_that_is_a_folder_is_a_verdict_not_a_gap(small, tmp_path):
+    base, target, folder = small
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "0000-folder.patch").symlink_to(tmp_path / "elsewhere")
+    done = rb.rebase(read_series(folder, lenient=True), detect(target), base=detect(base))
+    row = done.report.patches[0]
+    assert row.file == "0000-folder.patch" and row.status == rb.NEEDS_HUMAN
+    assert "a folder, not a patch file" in row.reason and "0000-folder.patch" not in done.files()
 
 
 def test_a_file_that_is_a_link_in_the_target_is_that_patchs_verdict(tmp_path):

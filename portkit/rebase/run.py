@@ -101,6 +101,11 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
         side_names = _side_names([p.name for p in series.in_order()])
         for patch in series.in_order():
             if isinstance(patch, Unreadable):  # its own verdict; kept for the human as it is
+                if patch.absent:  # a link to nothing, a folder: there is nothing to keep
+                    rows.append(RebasedPatch(patch.name, patch.name, NEEDS_HUMAN,
+                                             f"it cannot be read: {patch.reason} (nothing of "
+                                             "it is written to the output)", None))
+                    continue
                 kept[patch.name] = patch.data
                 if patch.cover:
                     rows.append(RebasedPatch(patch.name, patch.name, UNCHANGED,
