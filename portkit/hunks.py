@@ -31,6 +31,7 @@ from types import TracebackType
 
 from portkit.errors import InputError, ToolFailed, ToolMissing
 from portkit.paths import path_problem
+from portkit.proc import git, last_line
 from portkit.series import (
     EXECUTABLE,
     REGULAR,
@@ -291,6 +292,16 @@ def _fatal(lines: list[str]) -> str | None:
     return None
 
 
+def _own_section(patch: Patch, f: FileDiff) -> str | None:
+    """The patch's own text of a file's `diff --git` section (a binary one's data with it)."""
+    head = (f"diff --git {quote_path('a/' + (f.old_path or f.path))} "
+            f"{quote_path('b/' + (f.new_path or f.path))}")
+    for section in re.split(r"(?m)^(?=diff --git )", patch.diff)[1:]:
+        if section.split("\n", 1)[0] == head:
+            return section if section.endswith("\n") else section + "\n"
+    return None
+
+
 def _ended(name: str) -> str:
     return name + "\t" if " " in name and not name.startswith('"') else name
 
@@ -423,7 +434,7 @@ class _Run:
 
     def _file(self, patch: Patch, f: FileDiff, result: PatchResult) -> None:
         if f.binary:
-            result.problems.append(f"{f.path}: binary patch (portkit does not apply those)")
+            self._binary(patch, f, result)
             return
         if self.reverse and f.is_copy and f.new_path is not None:
             # A copy taken out is its new file taken out: its hunks undone on it, then it goes.
@@ -595,6 +606,31 @@ class _Run:
         if verdict.note:
             return verdict.note
         return "context not found"
+
+    def _binary(self, patch: Patch, f: FileDiff, result: PatchResult) -> None:
+        """A binary file's section, as git applies it (GNU patch has no binary patches):
+        it applies where the file is the one the patch was made on (its blob id), it is
+        there already where it is the one the patch makes."""
+        text = _own_section(patch, f)
+        if text is None:
+            result.problems.append(f"{f.path}: binary patch whose section cannot be found")
+            return
+        section = self._write(text)
+
+        def git_apply(*more: str) -> subprocess.CompletedProcess[str]:
+            return git(["apply", "--binary", "-p1", *more, *(["-R"] if self.reverse else []),
+                        section], cwd=self.trial, check=False, ceiling=self.trial)
+
+        done = git_apply()
+        if done.returncode == 0:
+            status, reason = CLEAN, ""
+        elif git(["apply", "--binary", "-p1", "--check", *([] if self.reverse else ["-R"]),
+                  section], cwd=self.trial, check=False, ceiling=self.trial).returncode == 0:
+            status, reason = ALREADY, "the file is the one this binary patch makes"
+        else:
+            status, reason = FAILED, f"binary patch: {last_line(done) or 'it does not apply'}"
+        result.hunks.append(HunkResult(patch.name, f.path, 0, 0, status, reason=reason,
+                                       hunk=f.header_hunk()))
 
     def _hunkless(self, f: FileDiff, result: PatchResult) -> None:
         """A rename, mode change or empty-file creation or deletion, without hunks."""

@@ -425,7 +425,8 @@ def test_a_binary_patch_is_a_problem_not_a_crash(tmp_path):
     with apply_hunks([parse_patch("bin.patch", text)], tmp_path) as result:
         (pr,) = result.patches
         assert not pr.applied and pr.worst == FAILED
-        assert pr.problems == ["model.bin: binary patch (portkit does not apply those)"]
+        (hunk,) = pr.hunks  # git apply's word: a diff without the data cannot be applied
+        assert hunk.reason.startswith("binary patch: ") and "model.bin" in hunk.reason
 
 
 @pytest.mark.slow
@@ -533,3 +534,31 @@ def test_a_path_with_a_space_is_found_as_gnu_patch_finds_it(tmp_path):
         (hunk,) = result.hunks
         assert (hunk.status, hunk.offset) == (OFFSET, 1)
         assert result.files[spaced] == b"// one more line\n" + b"".join(after)
+
+
+def _binary_patch(tmp_path: Path) -> tuple[Patch, bytes, bytes]:
+    """A git binary patch that rewrites src/data.bin: (the patch, the file before, after)."""
+    before, after = bytes(range(256)) * 2, bytes(reversed(range(256))) * 2
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("base", {"src/data.bin": before})
+    repo.git("tag", "base")
+    repo.commit("new data", {"src/data.bin": after})
+    (mail,) = repo.format_patch(tmp_path / "mails", "--binary", *OLLAMA_OPTIONS)
+    return parse_patch(mail.name, mail.read_bytes()), before, after
+
+
+@pytest.mark.parametrize("state", ["before", "after", "other"])
+def test_a_binary_patch_applies_as_git_applies_it(tmp_path, state):
+    """GNU patch has no binary patches: git apply's verdict, by the file's blob."""
+    patch, before, after = _binary_patch(tmp_path)
+    held = {"before": before, "after": after, "other": b"\0other"}[state]
+    tree = write_tree(tmp_path / "tree", {"src/data.bin": held})
+    with apply_hunks([patch], tree) as result:
+        (hunk,) = result.hunks
+        assert hunk.status == {"before": CLEAN, "after": ALREADY, "other": FAILED}[state]
+        if state == "before":
+            assert result.files["src/data.bin"] == after
+        if state == "other":
+            assert "binary patch" in hunk.reason
