@@ -36,6 +36,7 @@ from portkit.record import (
     Record,
     applied,
     check_feature,
+    ggml_apart,
     in_llama,
     record_names,
     record_rel,
@@ -144,7 +145,7 @@ def git_apply(root: Path, patches: list[Path], *, reverse: bool = False) -> None
         _git_apply_one(root, patch, patch.read_bytes(), reverse)
 
 
-def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
+def patched_contents(root: Path | Tree, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
                      reverse: bool = False, strips: Sequence[int] | None = None,
                      ) -> dict[str, bytes | None]:
     """What each of `files` (relative to `root`) holds once the series `patches` ((name,
@@ -156,7 +157,7 @@ def patched_contents(root: Path, files: Sequence[str], patches: Sequence[tuple[s
             for rel, entry in patched_files(root, files, patches, reverse, strips).items()}
 
 
-def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
+def patched_files(root: Path | Tree, files: Sequence[str], patches: Sequence[tuple[str, bytes]],
                   reverse: bool = False, strips: Sequence[int] | None = None,
                   start: dict[str, tuple[bytes, int] | None] | None = None,
                   ) -> dict[str, tuple[bytes, int] | None]:
@@ -164,7 +165,15 @@ def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str,
     bytes are the link's target; `strips`: each patch's -pN, 1 where not given). A symbolic
     link in the tree is read, never followed, only
     where the series itself says the file is one. `start` gives files as they are to be
-    taken instead of the tree's (None: absent), as patched_files returned them."""
+    taken instead of the tree's (None: absent), as patched_files returned them. `root` a
+    Tree: the files are read where the tree keeps them (in_llama: ollama's ggml apart)."""
+    tree = root if isinstance(root, Tree) else None
+
+    def where(rel: str) -> str:
+        return in_llama(tree, rel) if tree is not None else rel
+
+    top = tree.root if tree is not None else root
+    assert isinstance(top, Path)
     levels = list(strips) if strips is not None else [1] * len(patches)
     parsed = [parse_patch(name, text, strip=level)
               for (name, text), level in zip(patches, levels, strict=True)]
@@ -177,7 +186,7 @@ def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str,
     with scratch(folders, ".copy-") as private:
         work = private / "tree"
         work.mkdir()
-        with TreeFiles(root) as tree_files:
+        with TreeFiles(top) as tree_files:
             for rel in files:
                 if start is not None and rel in start:
                     given = start[rel]
@@ -190,7 +199,7 @@ def patched_files(root: Path, files: Sequence[str], patches: Sequence[tuple[str,
                         if given[1] == EXECUTABLE:
                             (work / rel).chmod(0o755)
                     continue
-                found = tree_files.read(rel, links=rel in links)
+                found = tree_files.read(where(rel), links=rel in links)
                 if found is not None:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
                     if stat.S_ISLNK(found[1].st_mode):
@@ -224,7 +233,7 @@ def unpatched_view(tree: Tree, feature: str, patterns: Sequence[str]) -> Iterato
     if record is None:
         yield tree
         return
-    restored = patched_contents(tree.llama_root, record.files, record.series, reverse=True,
+    restored = patched_contents(tree, record.files, record.series, reverse=True,
                                 strips=record.levels)
     folders = cache_dir("scratch")
     with scratch(folders, ".view-") as private:
@@ -263,6 +272,17 @@ def _not_utf8(tree: Tree, exc: UnicodeDecodeError) -> str:
 
 def _enclosing_repository(path: Path) -> bool:
     return any((folder / ".git").exists() for folder in (path, *path.parents))
+
+
+def _by_root(tree: Tree, files: list[str]) -> list[tuple[Path, list[str]]]:
+    """`files` (relative to the llama.cpp root) by the folder they are under: the llama.cpp
+    root, and ggml's where the tree vendors it apart (ollama's)."""
+    apart = [f for f in files if ggml_apart(tree, f)]
+    rest = [f for f in files if f not in apart]
+    groups = [(tree.llama_root, rest)] if rest else []
+    if apart:
+        groups.append((tree.ggml_root, [f[len("ggml/"):] for f in apart]))
+    return groups
 
 
 def refuse_uncommitted(root: Path, files: list[str]) -> None:
@@ -440,7 +460,7 @@ def _as_fork_patches(tree: Tree, series: Series) -> Series:
         elif patch.strip != 1:
             raise UsageError(f"{series.folder / patch.name} is a -p{patch.strip} git patch: a "
                              f"fork's series holds -p1 patches (git am); write it as one first")
-        state.update(patched_files(tree.llama_root, list(patch.paths),
+        state.update(patched_files(tree, list(patch.paths),
                                    [(patch.name, patch.data)], strips=[patch.strip],
                                    start=state))
         stem = _NUMBER.sub("", PurePosixPath(patch.name).name)
@@ -458,8 +478,8 @@ def _git_form(tree: Tree, state: dict[str, tuple[bytes, int] | None], patch: Pat
     """The change `patch` makes (to the files as `state` has them, else as the tree has
     them) as git's own diff of it."""
     paths = list(patch.paths)
-    was = patched_files(tree.llama_root, paths, [], start=state)
-    now = patched_files(tree.llama_root, paths, [(patch.name, patch.data)],
+    was = patched_files(tree, paths, [], start=state)
+    now = patched_files(tree, paths, [(patch.name, patch.data)],
                         strips=[patch.strip], start=state)
     return git_diff({r: e[0] if e else None for r, e in was.items()},
                     {r: e[0] if e else None for r, e in now.items()}, abbrev=abbrev,
@@ -517,7 +537,7 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
     _refuse_another(previous, series, "take it out first with --reverse, or apply this one "
                     "from a folder of another name")
     try:
-        patched_contents(tree.llama_root, previous.files, previous.series, reverse=True,
+        patched_contents(tree, previous.files, previous.series, reverse=True,
                          strips=previous.levels)
     except ApplyConflict as exc:
         raise _changed_since(name, previous, exc) from exc
@@ -555,12 +575,13 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
     mails = [(p.name, p.text) for p in series.patches]
     if dry_run:
         return Outcome(DRY_RUN, mails, files, rendered=rendered)
-    refuse_uncommitted(tree.llama_root, files)
+    for root, rels in _by_root(tree, files):
+        refuse_uncommitted(root, rels)
     copies = [tree.series_dir / p.name for p in series.patches] \
         if tree.series_dir and _is_fork(tree) else []
-    _refuse_unwritable([tree.llama_root / f for f in files] + copies)
+    _refuse_unwritable([tree.root / in_llama(tree, f) for f in files] + copies)
     patches = [(p.name, p.data) for p in series.patches]
-    patched = patched_files(tree.llama_root, files, patches,
+    patched = patched_files(tree, files, patches,
                             strips=[p.strip for p in series.patches])
     copy_rels = [c.relative_to(tree.root).as_posix() for c in copies]
     record = record_rel(name)
@@ -603,9 +624,9 @@ def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
         return Outcome(DRY_RUN, mails, record.files)
     _refuse_under_later(tree, record)
     present = _refuse_edited_copies(tree, record)
-    _refuse_unwritable([tree.llama_root / f for f in record.files])
+    _refuse_unwritable([tree.root / in_llama(tree, f) for f in record.files])
     try:
-        restored = patched_files(tree.llama_root, record.files, record.series, reverse=True,
+        restored = patched_files(tree, record.files, record.series, reverse=True,
                                  strips=record.levels)
     except ApplyConflict as exc:
         raise _changed_since(feature, record, exc) from exc

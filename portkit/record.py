@@ -94,8 +94,19 @@ def llama_rel(tree: Tree) -> str:
     return "" if rel == "." else rel
 
 
+def ggml_apart(tree: Tree, rel: str) -> bool:
+    """Whether `rel` (relative to the llama.cpp root) is a ggml/ path of a tree that vendors
+    ggml apart from llama.cpp (ollama's ml/backend/ggml/ggml)."""
+    return (rel == "ggml" or rel.startswith("ggml/")) and not tree.ggml_root.is_relative_to(
+        tree.llama_root) and tree.ggml_root.is_relative_to(tree.root)
+
+
 def in_llama(tree: Tree, rel: str) -> str:
-    """A path relative to the llama.cpp root, made relative to the tree's root."""
+    """A path relative to the llama.cpp root, made relative to the tree's root. In a tree
+    that vendors ggml apart (ollama's ml/backend/ggml/ggml), a ggml/ path is there."""
+    if ggml_apart(tree, rel):
+        ggml = tree.ggml_root.relative_to(tree.root).as_posix()
+        return ggml + rel[len("ggml"):]
     prefix = llama_rel(tree)
     return f"{prefix}/{rel}" if prefix else rel
 

@@ -317,6 +317,41 @@ def test_a_record_whose_copy_keeps_its_name_through_the_move_is_of_the_new_tree(
     assert vendored.read_bytes() == (real_fork.target / header).read_bytes()
 
 
+def test_a_series_on_ggml_is_applied_where_the_fork_vendors_ggml(real_fork: RealFork,
+                                                                 tmp_path: Path):
+    """ollama vendors ggml apart (ml/backend/ggml/ggml): a patch's ggml/ path is there, as
+    the fork's own series has it; --reverse puts it back byte for byte."""
+    from tests.test_apply_series import _diff
+
+    root = real_fork.root
+    rel = "ggml/src/ggml-cpu/ggml-cpu.cpp"
+    vendored = root / "ml" / "backend" / "ggml" / rel
+    upstream = tmp_path / "upstream-view"
+    (upstream / rel).parent.mkdir(parents=True)
+    (upstream / rel).write_bytes(vendored.read_bytes())
+    series = tmp_path / "cpu"
+    series.mkdir()
+    (series / "0001-cpu.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] ggml-cpu: a note\n\n---\n" + _diff(
+            upstream, rel, "int ggml_cpu_threads", "// a note\nint ggml_cpu_threads"))
+    before = tree_bytes(root)
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series))
+    assert code == 0, err
+    assert "// a note\nint ggml_cpu_threads" in vendored.read_text()
+    assert not (root / "llama" / "llama.cpp" / "ggml").exists()
+    state = json.loads((root / ".portkit" / "cpu" / "state.json").read_text())
+    assert [f["path"] for f in state["files"]] == [rel]
+    commit_all(root, "a note, by portkit")
+    assert _run("tree", "info", str(root))[0] == 0
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                          "--reverse")
+    assert code == 0, err
+    commit_all(root, "taken out")
+    assert {k: v for k, v in tree_bytes(root).items() if not k.startswith(".git/")} == {
+        k: v for k, v in before.items() if not k.startswith(".git/")}
+
+
 def test_a_moved_series_with_a_patch_upstream_took_is_still_that_series(real_fork: RealFork,
                                                                          tmp_path: Path):
     """The move drops the patch of an applied series that upstream took: the record keeps the
