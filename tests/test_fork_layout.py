@@ -352,6 +352,62 @@ def test_a_series_on_ggml_is_applied_where_the_fork_vendors_ggml(real_fork: Real
         k: v for k, v in before.items() if not k.startswith(".git/")}
 
 
+def test_a_moved_record_leaves_out_the_files_only_a_dropped_patch_touched(real_fork: RealFork,
+                                                                         tmp_path: Path):
+    """The series' first patch (on src/llama-graph.h) is upstream's now and drops; its
+    second (on include/llama.h) moves. The record lists only the file its patches touch,
+    and reads back: tree info, and --reverse."""
+    from tests.test_apply_series import GRAPH, _diff
+
+    root = real_fork.root
+    llama = root / "llama" / "llama.cpp"
+    head = "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+    series = tmp_path / "two"
+    series.mkdir()
+    (series / "0001-decl.patch").write_text(head + "Subject: [PATCH] graph: declare it\n\n---\n"
+                                            + _diff(llama, GRAPH,
+                                                    "class llama_memory_hybrid_context;\n",
+                                                    "class llama_memory_hybrid_context;\n"
+                                                    "class llama_memory_hybrid_iswa_context;\n"))
+    (series / "0002-note.patch").write_text(head + "Subject: [PATCH] llama.h: a note\n\n---\n"
+                                            + _diff(llama, "include/llama.h",
+                                                    "struct llama_model;\n",
+                                                    "struct llama_model;\n// a note\n"))
+    assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
+    commit_all(root, "two, by portkit")
+    assert _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))[0] == 20
+    state = json.loads((root / ".portkit" / "two" / "state.json").read_text())
+    assert [f["path"] for f in state["files"]] == ["include/llama.h"]
+    commit_all(root, "moved")
+    assert _run("tree", "info", str(root))[0] == 0
+    code, _, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                        "--reverse")
+    assert code == 0, err
+    assert (llama / "include/llama.h").read_bytes() == (
+        real_fork.target / "include/llama.h").read_bytes()
+
+
+def test_the_record_of_a_copy_taken_out_by_hand_stays_as_it_was(real_fork: RealFork,
+                                                               tmp_path: Path):
+    from tests.test_apply_series import _diff
+
+    root, patches = real_fork.root, real_fork.root / "llama" / "patches"
+    series = tmp_path / "note"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+        "Subject: [PATCH] llama.h: a note\n\n---\n" + _diff(
+            root / "llama" / "llama.cpp", "include/llama.h", "struct llama_model;\n",
+            "struct llama_model;\n// a note\n"))
+    assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
+    (copy,) = [p for p in patches.glob("*.patch") if p.name.endswith("-a-note.patch")]
+    copy.unlink()
+    commit_all(root, "the note taken out of the series by hand")
+    record = {p.name: p.read_bytes() for p in (root / ".portkit" / "note").iterdir()}
+    assert _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))[0] == 20
+    assert {p.name: p.read_bytes() for p in (root / ".portkit" / "note").iterdir()} == record
+
+
 def test_a_moved_series_with_a_patch_upstream_took_is_still_that_series(real_fork: RealFork,
                                                                          tmp_path: Path):
     """The move drops the patch of an applied series that upstream took: the record keeps the

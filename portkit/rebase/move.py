@@ -219,8 +219,9 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
     of its patches is its copy in llama/patches as the move writes it (numbered again, made
     for the new tree), so that --reverse takes out what the fork now holds, and removes the
     copy by its new name; a patch that drops (upstream has it) leaves the record, and a
-    record left with no patch goes. A record whose copies the move kept as they were still
-    says the new pin and what its files hold now. The record of a copy the move did not
+    record left with no patch goes, and the files only a dropped patch touched leave the
+    record. A record whose copies the move kept as they were still says the new pin and what
+    its files hold now. The record of a copy the move did not
     carry (taken out of the series by hand) stays as it was."""
     from dataclasses import replace
 
@@ -239,13 +240,19 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
         if any(c.sha256 is not None and (copy.root / c.path).is_file() and sha256(
                 (copy.root / c.path).read_bytes()) != c.sha256 for c in record.copies):
             continue  # a copy edited by hand: its record stays as it was (--reverse says so)
-        series = []
-        for name, data in record.series:
+        series, levels, moved = [], [], False
+        for (name, data), level in zip(record.series, record.levels, strict=True):
             row = rows.get(name) if f"{folder}/{name}" in copies else None
             if row is None:
                 series.append((name, data))
-            elif row.output is not None:
+                levels.append(level)
+                continue
+            moved = True
+            if row.output is not None:
                 series.append((row.output, kept[row.output]))
+                levels.append(1)  # a fork's patch, as the move writes it
+        if not moved:
+            continue  # the move carried none of its copies (taken out by hand): as it was
         rel = record_rel(record.feature)
         names = {name for name, _ in series}
         changes += [Delete(f"{rel}/{name}", record=True) for name, _ in record.series
@@ -255,8 +262,9 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
                         RemoveFolder(rel, record=True)]
             continue
         touched = {}
-        for path in dict.fromkeys([*record.files, *(p for name, data in series for p in (
-                carried[name] if kept.get(name) == data else parse_patch(name, data)).paths)]):
+        for path in dict.fromkeys(p for (name, data), level in zip(series, levels, strict=True)
+                                  for p in (carried[name] if kept.get(name) == data
+                                            else parse_patch(name, data, strip=level)).paths):
             where = in_llama(copy, path)
             touched[path] = written[where] if where in written else (
                 (copy.root / where).read_bytes() if (copy.root / where).is_file() else None)
@@ -271,7 +279,7 @@ def _records_moved(fork: Tree, copy: Tree, move: ForkMove) -> list[Change]:
         changes.append(Write(f"{rel}/state.json", state_json(
             now, record.feature, series, touched,
             [f"{folder}/{name}" for name, _ in series if f"{folder}/{name}" in copies
-             or name not in dict(record.series)], record.order, given=record.given),
+             or name not in dict(record.series)], record.order, levels, given=record.given),
             record=True))
     return changes
 
