@@ -491,9 +491,11 @@ def _author(tree: Tree, name: str) -> str:
     """`Name <email>` as git would write the user as an author: `git var GIT_AUTHOR_IDENT`
     in the fork, with the user's configuration and environment (GIT_AUTHOR_*, the fork's,
     GIT_CONFIG_GLOBAL's or ~/.gitconfig's author.* and user.*, EMAIL), only read."""
-    keep = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
-            "GIT_CONFIG_NOSYSTEM")  # never a GIT_DIR of a caller's hook: the fork's own
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in keep}
+    # the configuration git reads and the author it is told; never a GIT_DIR of a caller's
+    # hook: the fork's own repository
+    keep = re.compile(r"GIT_AUTHOR_(NAME|EMAIL)|GIT_CONFIG_(GLOBAL|SYSTEM|NOSYSTEM|COUNT|"
+                      r"PARAMETERS|KEY_\d+|VALUE_\d+)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or keep.fullmatch(k)}
     env["LC_ALL"] = "C"
     try:
         done = run(["git", "-c", "core.hooksPath=" + os.devnull, "var", "GIT_AUTHOR_IDENT"],

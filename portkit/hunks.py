@@ -29,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-from portkit.errors import InputError, ToolFailed, ToolMissing
+from portkit.errors import InputError, PortkitError, ToolFailed, ToolMissing
 from portkit.paths import path_problem
 from portkit.proc import git, last_line
 from portkit.series import (
@@ -40,6 +40,7 @@ from portkit.series import (
     Hunk,
     Patch,
     Series,
+    parse_patch,
     quote_path,
 )
 from portkit.transaction import checkpoint
@@ -293,12 +294,17 @@ def _fatal(lines: list[str]) -> str | None:
 
 
 def _own_section(patch: Patch, f: FileDiff) -> str | None:
-    """The patch's own text of a file's `diff --git` section (a binary one's data with it)."""
-    head = (f"diff --git {quote_path('a/' + (f.old_path or f.path))} "
-            f"{quote_path('b/' + (f.new_path or f.path))}")
+    """The patch's own text of a file's `diff --git` section (a binary one's data with it):
+    the section that names the file's paths, however it quotes and prefixes them."""
     for section in re.split(r"(?m)^(?=diff --git )", patch.diff)[1:]:
-        if section.split("\n", 1)[0] == head:
-            return section if section.endswith("\n") else section + "\n"
+        text = section if section.endswith("\n") else section + "\n"
+        try:
+            files = parse_patch(patch.name, text.encode("utf-8", "surrogateescape"),
+                                strip=patch.strip).files
+        except PortkitError:
+            continue
+        if [(g.old_path, g.new_path) for g in files] == [(f.old_path, f.new_path)]:
+            return text
     return None
 
 
@@ -618,15 +624,16 @@ class _Run:
         section = self._write(text)
 
         def git_apply(*more: str) -> subprocess.CompletedProcess[str]:
-            return git(["apply", "--binary", "-p1", *more, *(["-R"] if self.reverse else []),
-                        section], cwd=self.trial, check=False, ceiling=self.trial)
+            return git(["apply", "--binary", f"-p{patch.strip}", *more, section],
+                       cwd=self.trial, check=False, ceiling=self.trial)
 
-        done = git_apply()
+        done = git_apply(*(["-R"] if self.reverse else []))
         if done.returncode == 0:
             status, reason = CLEAN, ""
-        elif git(["apply", "--binary", "-p1", "--check", *([] if self.reverse else ["-R"]),
-                  section], cwd=self.trial, check=False, ceiling=self.trial).returncode == 0:
-            status, reason = ALREADY, "the file is the one this binary patch makes"
+        elif git_apply("--check", *([] if self.reverse else ["-R"])).returncode == 0:
+            status, reason = ALREADY, ("the file is the one this binary patch was made on"
+                                       if self.reverse else
+                                       "the file is the one this binary patch makes")
         else:
             status, reason = FAILED, f"binary patch: {last_line(done) or 'it does not apply'}"
         result.hunks.append(HunkResult(patch.name, f.path, 0, 0, status, reason=reason,

@@ -440,12 +440,12 @@ class Journal:
                     _checked(entry["path"]),
                     base64.b64decode(entry["data"], validate=True) if existed else None,
                     int(entry["mode"]) & 0o7777,
-                    (_id(owner[0]), _id(owner[1])) if owner else None,
+                    (_id(owner[0], 2 ** 32), _id(owner[1], 2 ** 32)) if owner else None,
                     entry["after_sha256"], entry.get("link") is True))
             made = [_checked(p) for p in data["made_folders"]]
             removed = [(_checked(e["path"]), int(e["mode"]) & 0o7777)
                        for e in data["removed_folders"]]
-            return Journal(str(data["action"]), _id(data["pid"]), files, made, removed)
+            return Journal(str(data["action"]), _id(data["pid"], 2 ** 31), files, made, removed)
         except RecordError as exc:
             raise bad(exc.message) from exc
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError,
@@ -455,9 +455,9 @@ class Journal:
             raise bad("nested too deep") from exc
 
 
-def _id(value: Any) -> int:
-    """A user, group or process id as a journal may hold one (a whole number below 2^31)."""
-    if type(value) is not int or not 0 <= value < 2 ** 31:
+def _id(value: Any, limit: int) -> int:
+    """A user, group (below 2^32) or process id (below 2^31) as a journal may hold one."""
+    if type(value) is not int or not 0 <= value < limit:
         raise RecordError(f"not an id: {str(value)[:40]}")
     return value
 

@@ -323,7 +323,7 @@ def test_a_subject_of_no_letters_gives_the_copy_gits_name_and_it_comes_out(fixtu
     assert tree_bytes(fork.root) == before
 
 
-@pytest.mark.parametrize("where", ["GIT_CONFIG_GLOBAL", "nowhere"])
+@pytest.mark.parametrize("where", ["GIT_CONFIG_GLOBAL", "GIT_CONFIG_COUNT", "nowhere"])
 def test_a_plain_diffs_author_is_the_one_git_names(fixture_fork, tmp_path, monkeypatch, where):
     """The author of a plain diff's copy is `git var GIT_AUTHOR_IDENT`'s: the configuration
     GIT_CONFIG_GLOBAL names, not ~/.gitconfig; where git names none, a one-line refusal."""
@@ -335,6 +335,12 @@ def test_a_plain_diffs_author_is_the_one_git_names(fixture_fork, tmp_path, monke
     chosen = tmp_path / "chosen.gitconfig"
     chosen.write_text("[user]\n\tname = Global Via Env\n\temail = env@example.com\n"
                       if where == "GIT_CONFIG_GLOBAL" else "[user]\n\tuseConfigOnly = true\n")
+    if where == "GIT_CONFIG_COUNT":  # git's configuration given in the environment
+        for k, (key, value) in enumerate([("user.name", "Global Via Env"),
+                                          ("user.email", "env@example.com")]):
+            monkeypatch.setenv(f"GIT_CONFIG_KEY_{k}", key)
+            monkeypatch.setenv(f"GIT_CONFIG_VALUE_{k}", value)
+        monkeypatch.setenv("GIT_CONFIG_COUNT", "2")
     for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "EMAIL", "GIT_CONFIG_NOSYSTEM"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(home))

@@ -240,3 +240,13 @@ def test_a_key_twice_in_a_multimap_is_no_repeat():
     line = b'    { LLM_ARCH_GEMMA3,           "gemma3"           },\n'
     carried = _with(table, b'"gemma2"           },\n', line)
     assert repeated(table, carried, [line.decode()]) == (carried, [])
+
+
+def test_only_the_outermost_type_makes_a_map():
+    """A multimap of maps, a list of pairs holding maps: a key twice is their own business."""
+    line = b'    { LLM_ARCH_GEMMA3,           "gemma3"           },\n'
+    for kind in (b"std::multimap<llm_arch, std::map<int, int>>",
+                 b"std::vector<std::pair<llm_arch, std::map<int, int>>>"):
+        table = TABLES.replace(b"std::map<llm_arch, const char *>", kind)
+        carried = _with(table, b'"gemma2"           },\n', line)
+        assert repeated(table, carried, [line.decode()]) == (carried, []), kind

@@ -338,3 +338,14 @@ def test_count_is_not_a_line_the_patch_changes_otherwise():
     theirs = _ops(82, b"PAD", b"ARANGE", b"OLD_A")
     done = merge(ours, base, theirs)
     assert COUNT not in done.settled
+
+
+def test_same_point_the_patchs_paragraph_and_upstreams_share_one_blank_line():
+    """Upstream opened a paragraph of its own (a blank line, then a guard) before the
+    statement; the patch's lines end with a blank line: one blank line between them."""
+    base = b"int f() {\n    a();\n    stmt();\n}\n"
+    ours = base.replace(b"    stmt();\n", b"\n    if (x)\n    stmt();\n")
+    theirs = base.replace(b"    stmt();\n", b"    c();\n\n    stmt();\n")
+    done = merge(ours, base, theirs)
+    assert done.settled == (SAME_POINT,)
+    assert done.data == b"int f() {\n    a();\n    c();\n\n    if (x)\n    stmt();\n}\n"

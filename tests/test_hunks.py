@@ -536,29 +536,38 @@ def test_a_path_with_a_space_is_found_as_gnu_patch_finds_it(tmp_path):
         assert result.files[spaced] == b"// one more line\n" + b"".join(after)
 
 
-def _binary_patch(tmp_path: Path) -> tuple[Patch, bytes, bytes]:
-    """A git binary patch that rewrites src/data.bin: (the patch, the file before, after)."""
+def _binary_patch(tmp_path: Path, rel: str = "src/data.bin",
+                  *options: str) -> tuple[Patch, bytes, bytes]:
+    """A git binary patch that rewrites `rel`: (the patch, the file before, after);
+    `options`: git's configuration for the diff (-c name=value...)."""
     before, after = bytes(range(256)) * 2, bytes(reversed(range(256))) * 2
     repo = GitRepo(tmp_path / "repo")
     repo.root.mkdir()
     repo.git("init", "-q", "-b", "main", ".")
-    repo.commit("base", {"src/data.bin": before})
+    repo.commit("base", {rel: before})
     repo.git("tag", "base")
-    repo.commit("new data", {"src/data.bin": after})
+    repo.commit("new data", {rel: after})
+    if options:
+        diff = repo.git(*options, "diff", "--binary", "base", "HEAD")
+        return parse_patch("x.patch", diff), before, after
     (mail,) = repo.format_patch(tmp_path / "mails", "--binary", *OLLAMA_OPTIONS)
     return parse_patch(mail.name, mail.read_bytes()), before, after
 
 
 @pytest.mark.parametrize("state", ["before", "after", "other"])
-def test_a_binary_patch_applies_as_git_applies_it(tmp_path, state):
-    """GNU patch has no binary patches: git apply's verdict, by the file's blob."""
-    patch, before, after = _binary_patch(tmp_path)
+@pytest.mark.parametrize("rel, options", [
+    ("src/data.bin", ()), ("src/d\u00e9j\u00e0.bin", ("-c", "core.quotePath=false")),
+    ("src/data.bin", ("-c", "diff.mnemonicPrefix=true"))])
+def test_a_binary_patch_applies_as_git_applies_it(tmp_path, state, rel, options):
+    """GNU patch has no binary patches: git apply's verdict, by the file's blob, however git
+    quoted and prefixed the file's names."""
+    patch, before, after = _binary_patch(tmp_path, rel, *options)
     held = {"before": before, "after": after, "other": b"\0other"}[state]
-    tree = write_tree(tmp_path / "tree", {"src/data.bin": held})
+    tree = write_tree(tmp_path / "tree", {rel: held})
     with apply_hunks([patch], tree) as result:
         (hunk,) = result.hunks
         assert hunk.status == {"before": CLEAN, "after": ALREADY, "other": FAILED}[state]
         if state == "before":
-            assert result.files["src/data.bin"] == after
+            assert result.files[rel] == after
         if state == "other":
             assert "binary patch" in hunk.reason

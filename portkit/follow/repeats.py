@@ -100,14 +100,16 @@ def _groups(root: Node, src: bytes) -> dict[tuple[str, bytes, int], list[Node]]:
     return found
 
 
-_MAP = re.compile(rb"(?:^|\W)(?:unordered_)?map\s*<")  # not a multimap: one value a key
+# the outermost type a map (std::map<...>, not a multimap nor a list of maps): one value a key
+_MAP = re.compile(rb"\s*(?:::\s*)?(?:\w+\s*::\s*)*(?:unordered_)?map\s*<")
 
 
 def _a_map(node: Node, src: bytes) -> bool:
-    """Whether a declarator declares a map (std::map, std::unordered_map)."""
+    """Whether a declarator declares a map (std::map, std::unordered_map), by the outermost
+    name of its type."""
     decl = node.parent
     kind = decl.child_by_field_name("type") if decl is not None else None
-    return kind is not None and bool(_MAP.search(src[kind.start_byte:kind.end_byte]))
+    return kind is not None and bool(_MAP.match(src[kind.start_byte:kind.end_byte]))
 
 
 _TRIVIAL = {b"", b"{", b"}", b"break;", b"} break;", b"{ } break;", b","}

@@ -153,7 +153,8 @@ def _settle_block(ours: list[bytes], base: list[bytes], theirs: list[bytes],
                 not _in_order(before + ours + theirs + after):
             return theirs + ours, SAME_POINT  # the patch's first keeps a sorted run sorted
         if _blank(theirs[-1]) and _leads_into(ours, before, after):
-            return theirs + ours, SAME_POINT  # upstream's lines stay with the line they lead to
+            # upstream's lines stay with the line they lead to; one blank line between
+            return theirs + (ours[1:] if _blank(ours[0]) else ours), SAME_POINT
         return ours + theirs, SAME_POINT
     if mine is not None and upstream is None:
         return _beside(theirs, mine, len(base), ours) or _by_layout(ours, base, theirs)
