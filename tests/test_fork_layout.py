@@ -39,6 +39,17 @@ NOT_VENDORED = "4 sections touch files this fork does not vendor: not checked"
 SIDES = ("llama/llama.cpp", "ml/backend/ggml/ggml")
 
 
+MAIL_HEAD = "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
+
+
+def _mails(folder: Path, *patches: tuple[str, str, str]) -> Path:
+    """A series folder of mails as git format-patch writes them: (file name, subject, diff)."""
+    folder.mkdir()
+    for name, subject, diff in patches:
+        (folder / name).write_text(f"{MAIL_HEAD}Subject: [PATCH] {subject}\n\n---\n{diff}")
+    return folder
+
+
 def _run(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(cli, list(args))
     return result.exit_code, result.stdout, result.stderr
@@ -249,13 +260,9 @@ def test_the_move_carries_the_record_of_a_series_apply_added(real_fork: RealFork
     from tests.test_apply_series import GRAPH, _diff
 
     root, patches = real_fork.root, real_fork.root / "llama" / "patches"
-    series = tmp_path / "myfix"
-    series.mkdir()
-    (series / "0001-note.patch").write_text(
-        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
-        "Subject: [PATCH] graph: a note\n\n---\n" + _diff(
-            root / "llama" / "llama.cpp", GRAPH, "struct ggml_cgraph;\n",
-            "struct ggml_cgraph;\n// a note\n"))
+    series = _mails(tmp_path / "myfix", ("0001-note.patch", "graph: a note", _diff(
+        root / "llama" / "llama.cpp", GRAPH, "struct ggml_cgraph;\n",
+        "struct ggml_cgraph;\n// a note\n")))
     assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
     assert (patches / "0005-graph-a-note.patch").is_file()
     commit_all(root, "a note, by portkit")
@@ -289,13 +296,9 @@ def test_a_record_whose_copy_keeps_its_name_through_the_move_is_of_the_new_tree(
     header = "include/llama.h"  # the same in both trees: the copy is carried byte for byte
 
     root, patches = real_fork.root, real_fork.root / "llama" / "patches"
-    series = tmp_path / "myfix"
-    series.mkdir()
-    (series / "0001-note.patch").write_text(
-        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
-        "Subject: [PATCH] graph: a note\n\n---\n" + _diff(
-            root / "llama" / "llama.cpp", header, "struct llama_model;\n",
-            "struct llama_model;\n// a note\n"))
+    series = _mails(tmp_path / "myfix", ("0001-note.patch", "graph: a note", _diff(
+        root / "llama" / "llama.cpp", header, "struct llama_model;\n",
+        "struct llama_model;\n// a note\n")))
     assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
     copy = (patches / "0005-graph-a-note.patch").read_bytes()
     helper = next(patches.glob("0004-*.patch"))
@@ -329,12 +332,8 @@ def test_a_series_on_ggml_is_applied_where_the_fork_vendors_ggml(real_fork: Real
     upstream = tmp_path / "upstream-view"
     (upstream / rel).parent.mkdir(parents=True)
     (upstream / rel).write_bytes(vendored.read_bytes())
-    series = tmp_path / "cpu"
-    series.mkdir()
-    (series / "0001-cpu.patch").write_text(
-        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
-        "Subject: [PATCH] ggml-cpu: a note\n\n---\n" + _diff(
-            upstream, rel, "int ggml_cpu_threads", "// a note\nint ggml_cpu_threads"))
+    series = _mails(tmp_path / "cpu", ("0001-cpu.patch", "ggml-cpu: a note", _diff(
+        upstream, rel, "int ggml_cpu_threads", "// a note\nint ggml_cpu_threads")))
     before = tree_bytes(root)
     code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series))
     assert code == 0, err
@@ -361,18 +360,14 @@ def test_a_moved_record_leaves_out_the_files_only_a_dropped_patch_touched(real_f
 
     root = real_fork.root
     llama = root / "llama" / "llama.cpp"
-    head = "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
-    series = tmp_path / "two"
-    series.mkdir()
-    (series / "0001-decl.patch").write_text(head + "Subject: [PATCH] graph: declare it\n\n---\n"
-                                            + _diff(llama, GRAPH,
-                                                    "class llama_memory_hybrid_context;\n",
-                                                    "class llama_memory_hybrid_context;\n"
-                                                    "class llama_memory_hybrid_iswa_context;\n"))
-    (series / "0002-note.patch").write_text(head + "Subject: [PATCH] llama.h: a note\n\n---\n"
-                                            + _diff(llama, "include/llama.h",
-                                                    "struct llama_model;\n",
-                                                    "struct llama_model;\n// a note\n"))
+    series = _mails(
+        tmp_path / "two",
+        ("0001-decl.patch", "graph: declare it",
+         _diff(llama, GRAPH, "class llama_memory_hybrid_context;\n",
+               "class llama_memory_hybrid_context;\nclass llama_memory_hybrid_iswa_context;\n")),
+        ("0002-note.patch", "llama.h: a note",
+         _diff(llama, "include/llama.h", "struct llama_model;\n",
+               "struct llama_model;\n// a note\n")))
     assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
     commit_all(root, "two, by portkit")
     assert _run("rebase", "--fork", str(root), "--onto", str(real_fork.target))[0] == 20
@@ -392,13 +387,9 @@ def test_the_record_of_a_copy_taken_out_by_hand_stays_as_it_was(real_fork: RealF
     from tests.test_apply_series import _diff
 
     root, patches = real_fork.root, real_fork.root / "llama" / "patches"
-    series = tmp_path / "note"
-    series.mkdir()
-    (series / "0001-note.patch").write_text(
-        "From: Some One <one@example.invalid>\nDate: Tue, 3 Mar 2026 09:00:00 +0100\n"
-        "Subject: [PATCH] llama.h: a note\n\n---\n" + _diff(
-            root / "llama" / "llama.cpp", "include/llama.h", "struct llama_model;\n",
-            "struct llama_model;\n// a note\n"))
+    series = _mails(tmp_path / "note", ("0001-note.patch", "llama.h: a note", _diff(
+        root / "llama" / "llama.cpp", "include/llama.h", "struct llama_model;\n",
+        "struct llama_model;\n// a note\n")))
     assert _run("apply", "--force", "--tree", str(root), "--series", str(series))[0] == 0
     (copy,) = [p for p in patches.glob("*.patch") if p.name.endswith("-a-note.patch")]
     copy.unlink()
