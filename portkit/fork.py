@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from portkit.errors import TreeError
-from portkit.series import Patch, Series
+from portkit.series import Patch, Series, diff_git_paths
 from portkit.tree import OLLAMA, PLAIN, Tree
 
 FILTER = ".rsync-filter"
@@ -487,11 +487,12 @@ def put_back(diff: str, original: Patch, left_out: Sequence[tuple[str, str]]) ->
     order: list[str] = []
     cuts = [m.start() for m in re.finditer(r"^diff --git ", diff, re.M)]
     head = diff[:cuts[0]] if cuts else diff
+    known = {path for f in original.files for path in (f.old_path, f.new_path) if path}
     bounds = [*cuts, len(diff)]
     for i in range(len(cuts)):
         text = diff[bounds[i]:bounds[i + 1]]
-        m = re.match(r"diff --git (?:\"?a/)?(.+?)\"? (?:\"?b/)?(.+?)\"?\n", text)
-        path = m.group(2) if m else str(i)
+        line = text.split("\n", 1)[0][len("diff --git "):]
+        path = diff_git_paths(line, known, prefixed=original.strip != 0)[1]
         carried[path] = text
         order.append(path)
     out: list[str] = []

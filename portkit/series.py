@@ -15,7 +15,7 @@ import re
 import tempfile
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.header import decode_header, make_header
@@ -571,17 +571,47 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
     """The diff parsed by unidiff, and where its signature block (`-- ` to the end) starts. A
     `-- ` line is the signature only when no hunk needs it and no diff follows it."""
     sig = max((i for i, line in enumerate(lines) if line == SIGNATURE_LINE), default=None)
+    fed = _spaced_names(lines)
     if sig is not None and not any(line.startswith(("diff --git ", "--- ", "+++ ", "@@ "))
                                    for line in lines[sig:]):
         try:
-            return PatchSet("".join(lines[:sig])), sig
+            return PatchSet("".join(fed[:sig])), sig
         except UnidiffParseError:
             pass  # the `-- ` line is a removed "- " line of the last hunk
     try:
-        return PatchSet("".join(lines)), len(lines)
+        return PatchSet("".join(fed)), len(lines)
     except UnidiffParseError as exc:
         detail = str(exc).strip().split("\n")[0]
         raise UnreadablePatch(f"{where}: malformed diff ({detail})") from exc
+
+
+def _spaced_names(lines: list[str]) -> list[str]:
+    """The lines as unidiff is given them: where a `diff --git` line names a path holding
+    ` b/`, which unidiff's split would cut there, that section's names are written C-quoted
+    with each space as \\040 (the same path, as git reads quoting), on its `diff --git`
+    line and its ---/+++ lines, so that they agree."""
+    fed, spaced = list(lines), False
+    for i, line in enumerate(lines):
+        if line.startswith("diff --git "):
+            rest = line[len("diff --git "):].rstrip("\r\n")
+            names = diff_git_names(rest)
+            spaced = any(" b/" in name or ' "b/' in name for name in names) \
+                or rest.count(" b/") + rest.count(' "b/') > 1
+            if spaced:
+                fed[i] = f"diff --git {_spaceless(names[0])} {_spaceless(names[1])}\n"
+        elif not line.startswith(("--- ", "+++ ")):
+            spaced = spaced and not line.startswith(("@@ ", "diff "))
+        elif spaced:
+            name, tab, stamp = line[4:].rstrip("\r\n").partition("\t")
+            fed[i] = f"{line[:4]}{_spaceless(name)}{tab}{stamp}\n"
+    return fed
+
+
+def _spaceless(name: str) -> str:
+    if name == "/dev/null":
+        return name
+    body = name[1:-1] if len(name) >= 2 and name[0] == name[-1] == '"' else name
+    return '"' + body.replace(" ", "\\040") + '"'
 
 
 def _hunk_offsets(patchset: PatchSet) -> list[int]:
@@ -1327,15 +1357,55 @@ def git_diff(before: dict[str, bytes | None], after: dict[str, bytes | None], *,
     # Run on two folders named a and b, git names a created file b/x on both sides of the
     # `diff --git` line, and a deleted one a/x: a repository's diff says a/x b/x for both.
     # (a path with unusual bytes is C-quoted, its prefix inside the quotes, as git quotes it)
-    text = re.sub(r'^diff --git ("?)(?:a|b)/(.*) ("?)(?:a|b)/(.*)$', r"diff --git \1a/\2 \3b/\4",
-                  text, flags=re.M)
+    known = set(before) | set(after)
+
+    def named(m: re.Match[str]) -> str:
+        old, new = diff_git_paths(m.group(1), known)
+        sides = ("a/", "b/") if prefix else ("", "")
+        return f"diff --git {quote_path(sides[0] + old)} {quote_path(sides[1] + new)}"
+
+    text = re.sub(r"^diff --git (.*)$", named, text, flags=re.M)
     # and names the two sides of a rename or copy by the folders too
     text = re.sub(r'^((?:rename|copy) (?:from|to) "?)[ab]/', r"\1", text, flags=re.M)
     if not prefix:
-        text = re.sub(r'^(diff --git "?|--- "?|\+\+\+ "?)[ab]/', r"\1", text, flags=re.M)
-        text = re.sub(r'^(diff --git (?:"(?:[^"\\]|\\.)*"|\S+) "?)[ab]/', r"\1", text,
-                      flags=re.M)
+        text = re.sub(r'^(--- "?|\+\+\+ "?)[ab]/', r"\1", text, flags=re.M)
     return text
+
+
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+
+
+def _unprefixed(name: str) -> str:
+    path = unquote_path(name)
+    return path[2:] if path[:2] in ("a/", "b/") else path
+
+
+def diff_git_paths(rest: str, known: Container[str] = (),
+                   prefixed: bool = True) -> tuple[str, str]:
+    """The two paths of a `diff --git` line (`rest`: the text after `diff --git `),
+    unquoted, and their a/ and b/ taken off where the diff is `prefixed`. A name not quoted
+    may hold spaces, even ` b/`: the split is the one whose two paths are `known`, else the
+    one whose two paths are one (git's own rule for a file not renamed), else the one
+    before ` b/`, else the first space."""
+    path = _unprefixed if prefixed else unquote_path
+    old, new = diff_git_names(rest, known, path)
+    return path(old), path(new)
+
+
+def diff_git_names(rest: str, known: Container[str] = (),
+                   path: Callable[[str], str] = _unprefixed) -> tuple[str, str]:
+    """The two names of a `diff --git` line as written (C-quoted or not), split as
+    diff_git_paths says; `path` makes a name a path (a/ and b/ taken off or not)."""
+    m = re.fullmatch(rf"({_QUOTED}) (.+)", rest) or re.fullmatch(rf"(.+?) ({_QUOTED})", rest)
+    splits = [(m.group(1), m.group(2))] if m else \
+        [(rest[:i], rest[i + 1:]) for i, c in enumerate(rest) if c == " "] or [(rest, rest)]
+    for rule in (lambda a, b: path(a) in known and path(b) in known,
+                 lambda a, b: path(a) == path(b),
+                 lambda a, b: b.startswith("b/")):
+        for a, b in splits:
+            if rule(a, b):
+                return a, b
+    return splits[0]
 
 
 def unified_diff(path: str, before: bytes, after: bytes) -> str:

@@ -21,7 +21,7 @@ from portkit import fork as fk
 from portkit.cli import cli
 from portkit.drift.formats import FORMATS
 from portkit.errors import TreeError
-from portkit.series import read_series
+from portkit.series import git_diff, parse_patch, read_series
 from portkit.tree import detect
 from tests.conftest import (
     GGML_FILTER,
@@ -511,6 +511,22 @@ def test_the_series_is_cut_and_put_back_section_by_section(real_fork: RealFork):
     assert [f.path for f in mine.files] == ["ggml/src/ggml-cpu/ggml-cpu.cpp"]
     assert fk.put_back(mine.diff, first, scoped.left_out[first.name]) == first.diff
     assert len(REAL_LAYOUT_SERIES) == len(series.patches)
+
+
+@pytest.mark.parametrize("first", ["src/x a/y.c", "src/t\u00e9st b/z.c"])
+def test_a_left_out_section_goes_back_where_it_was_whatever_the_names_hold(first):
+    """A section left out (a file the fork does not vendor) is put back between the carried
+    ones where the patch had it, also when a carried file's name is C-quoted or holds ` a/`
+    or ` b/` (the name on its `diff --git` line is read whole)."""
+    before = {first: b"int a;\n", "ggml/src/ggml-cann/c.cpp": b"int b;\n", "src/w.c": b"int c;\n"}
+    after = {rel: data + b"int d;\n" for rel, data in before.items()}
+    whole = git_diff(before, after)
+    cut = re.split(r"(?m)^(?=diff --git )", whole)[1:]
+    order = sorted(before)  # git's order: the left-out file in the middle
+    away = order.index("ggml/src/ggml-cann/c.cpp")
+    original = parse_patch("0001-x.patch", whole.encode())
+    carried = "".join(t for k, t in enumerate(cut) if k != away)
+    assert fk.put_back(carried, original, [("ggml/src/ggml-cann/c.cpp", cut[away])]) == whole
 
 
 # -- slow: a registry tree laid out as a real fork ------------------------------------------

@@ -677,6 +677,43 @@ def test_git_diff_quotes_unusual_paths_as_git_does(tmp_path):
         assert '"a/src/t\\303\\251st.c"' in made
 
 
+def test_git_diff_names_paths_holding_a_side_prefix_as_git_does(tmp_path):
+    """A path with a space before `a/` or `b/` in it (`docs/x a/y.c`) is split on the
+    `diff --git` line as git wrote it: both names whole, a/ and b/ only in front of them,
+    with and without prefixes."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    before = {"docs/x a/y.c": b"int a;\n" * 8, "n b/m.h": b"int b;\n" * 8}
+    repo.commit("before", dict(before))
+    after = {"docs/x a/y.c": b"int a;\n" * 7 + b"int c;\n", "n b/m.h": None,
+             "t b/a b/n.h": b"int n;\n"}
+    repo.commit("after", dict(after))
+    expected = repo.git("diff", "--no-renames", "HEAD~1", "HEAD").decode()
+    assert git_diff(before, after) == expected
+    bare = repo.git("diff", "--no-renames", "--no-prefix", "HEAD~1", "HEAD").decode()
+    assert git_diff(before, after, prefix=False) == bare
+
+
+def test_a_git_patch_of_paths_holding_a_side_prefix_reads_whole(tmp_path):
+    """git's own patch of files whose names hold ` b/` (changed, created, mode changed, one
+    C-quoted too) reads with each file's whole path, its text as it was."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.root.mkdir()
+    repo.git("init", "-q", "-b", "main", ".")
+    repo.commit("before", {"src/x b/z.c": b"int a;\n", "tool b/run.sh": b"echo\n",
+                           "src/t\u00e9st b/q.c": b"int q;\n"})
+    repo.git("update-index", "--chmod=+x", "tool b/run.sh")
+    repo.commit("after", {"src/x b/z.c": b"int b;\n", "n b/m.h": b"int m;\n",
+                          "src/t\u00e9st b/q.c": b"int r;\n"})
+    text = repo.git("diff", "HEAD~1", "HEAD")
+    patch = parse_patch("0001-spaces.patch", text)
+    assert sorted((f.status, f.path) for f in patch.files) == [
+        ("created", "n b/m.h"), ("modified", "src/t\u00e9st b/q.c"), ("modified", "src/x b/z.c"),
+        ("modified", "tool b/run.sh")]
+    assert patch.diff.encode() == text
+
+
 @pytest.mark.parametrize("stamp", ["1970-01-01 00:00:00.000000000 +0000",
                                    "1969-12-31 16:00:00.000000000 -0800"])
 def test_diff_n_marks_an_absent_file_by_the_epoch_as_gnu_patch_reads_it(stamp):
