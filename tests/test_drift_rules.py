@@ -264,6 +264,89 @@ def test_rule_new_names_there(tmp_path):
     assert new_names_there(_place(tmp_path / "comment", FUNC, said, hunk)) == ""
 
 
+CHECK = """\
+int llama_check(int x) {
+    if (x < 0) {
+        return -1;
+    }
+    int y = x * 2;
+    int z = y + 3;
+    if (z > 100) {
+        return 1;
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("upstream_took_it", [False, True])
+def test_an_added_line_the_function_had_already_is_there_only_once_more(tmp_path,
+                                                                        upstream_took_it):
+    """A patch adds an early `return 0;` to a function that ends in one; upstream rewrote
+    the lines around it. The one `return 0;` the target has is the base's own: not present
+    upstream, unless the target has it once more than the base."""
+    after = CHECK.replace("    int z = y + 3;\n", "    int z = y + 3;\n    return 0;\n")
+    target = CHECK.replace("x * 2", "x * 4").replace("y + 3", "y + 5")
+    if upstream_took_it:
+        target = target.replace("    int z = y + 5;\n", "    int z = y + 5;\n    return 0;\n")
+    t = _run(tmp_path, {"src/a.cpp": CHECK}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", CHECK, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert (hunk.status == dm.PRESENT_UPSTREAM) == upstream_took_it, hunk.reason
+
+
+STEP = """\
+int llama_step(int x) {
+    int y = x * 2;
+    int z = y + 3;
+    trace_step(z);
+    int q = z - 1;
+    int r = q * q;
+    return r;
+}
+"""
+
+
+@pytest.mark.parametrize("upstream", ["changed it", "removed it"])
+def test_a_removed_line_upstream_only_changed_is_not_gone(tmp_path, upstream):
+    """A patch removes `trace_step(z);`; upstream rewrote the lines around it and made it
+    `trace_step(z, true);`: the call is still there, so the removal is not upstream. Where
+    upstream removed the call itself, it is."""
+    after = STEP.replace("    trace_step(z);\n", "")
+    target = STEP.replace("x * 2", "x * 4").replace("y + 3", "y + 5").replace("z - 1", "z - 2")
+    target = target.replace("    trace_step(z);\n", "    trace_step(z, true);\n"
+                            if upstream == "changed it" else "")
+    t = _run(tmp_path, {"src/a.cpp": STEP}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", STEP, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert (hunk.status == dm.PRESENT_UPSTREAM) == (upstream == "removed it"), hunk.reason
+
+
+def _arch_switch(cases: str) -> str:
+    return ("int llama_n(enum llm_arch a) {\n    switch (a) {\n        case LLM_ARCH_A:\n"
+            "            return 1;\n        case LLM_ARCH_B:\n            return 2;\n"
+            f"{cases}        default:\n            return 0;\n    }}\n}}\n")
+
+
+@pytest.mark.parametrize("value", ["7", "5"])
+def test_a_case_upstream_added_with_other_values_is_not_present(tmp_path, value):
+    """A patch adds `case LLM_ARCH_X: return 7;`; upstream added LLM_ARCH_X (and moved the
+    lines so that the hunk fails) with `return 5;`. The name is there, the patch's value is
+    not: not present upstream. With upstream's value the same, it is there."""
+    header = {"src/a.h": "enum llm_arch { LLM_ARCH_A, LLM_ARCH_B, LLM_ARCH_X };\n"}
+    base = "#include \"a.h\"\n\n" + _arch_switch("")
+    after = base.replace("            return 2;\n",
+                         f"            return 2;\n        case LLM_ARCH_X:\n"
+                         f"            return {value};\n")
+    mine = after.replace(f"return {value};", "return 7;")
+    target = after.replace("case LLM_ARCH_B:\n            return 2;",
+                           "case LLM_ARCH_B: // the second\n            return 2 * 1;")
+    t = _run(tmp_path, {**header, "src/a.cpp": base}, {**header, "src/a.cpp": target},
+             [[_diff("src/a.cpp", base, mine)]])
+    (hunk,) = t.patches[0].hunks
+    assert (hunk.status == dm.PRESENT_UPSTREAM) == (value == "7"), hunk.reason
+
+
 def test_rule_there_under_upstreams_names(tmp_path):
     add = "int llama_n_ctx_per_seq(int n) {\n    return n / seq_count();\n}\n"
     after = FUNC + "\n" + add

@@ -5,8 +5,11 @@ file, where the failed hunk's change is looked for) and says why the change is t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -41,6 +44,14 @@ class Place:
         return set(self.flat_lines)
 
     @cached_property
+    def base_flat_lines(self) -> list[str]:
+        """What the place stands for in the base, flattened: the hunk's function there where
+        the place is the function it went to, else the hunk's whole file."""
+        flats = self.target.base.flat_lines(self.hunk.path)
+        sym = self.target.base_symbol(self.hunk) if self.span is not None else None
+        return flats[max(sym.start_line - 1, 0):sym.end_line] if sym is not None else flats
+
+    @cached_property
     def added(self) -> list[str]:
         return _meaningful(self.hunk.added)
 
@@ -63,9 +74,14 @@ class Place:
 
 
 def added_lines_there(p: Place) -> str:
-    """Every meaningful line the hunk adds is there, and the lines it removes are gone from
-    around them (the same line may well stay elsewhere in the function)."""
+    """Every meaningful line the hunk adds is there, as many times more than the base had
+    it as the hunk adds it (a `return 0;` the function had already is not the one the hunk
+    adds), and the lines it removes are gone from around them (the same line may well stay
+    elsewhere in the function)."""
     if not p.added or not all(a in p.here for a in p.added):
+        return ""
+    there, had = Counter(p.flat_lines), Counter(p.base_flat_lines)
+    if any(there[a] - had[a] < n for a, n in Counter(p.added).items()):
         return ""
     wanted = set(p.added)
     at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
@@ -83,7 +99,26 @@ def removed_lines_gone(p: Place) -> str:
     context = [c for c in p.context if c not in set(p.removed)]
     if context and 2 * sum(c in p.here for c in context) < len(context):
         return ""
+    if any(_akin_count(r, p.flat_lines) > _akin_count(r, p.base_flat_lines, but=p.removed)
+           for r in p.removed):
+        return ""  # upstream changed the line (`trace(z)` is `trace(z, true)`): still there
     return f"the {len(p.removed)} lines it removes are gone"
+
+
+def _akin_count(line: str, lines: list[str], but: Sequence[str] = ()) -> int:
+    """How many of `lines` (other than `but`) are `line` changed a little: the same first
+    word, and most of their text alike."""
+    first = _IDENT.match(line)
+    akin = 0
+    for other in lines:
+        if other == line or other in but or (first and not other.startswith(first.group())):
+            continue
+        if SequenceMatcher(None, line, other).ratio() >= _AKIN:
+            akin += 1
+    return akin
+
+
+_AKIN = 0.8  # how alike a changed line is to what it was (`f(z);` and `f(z, true);` 0.85)
 
 
 def new_names_there(p: Place) -> str:
@@ -91,12 +126,20 @@ def new_names_there(p: Place) -> str:
     it defines, defined anywhere in the target), and no line it removes is left."""
     if not p.new_names or any(r in p.here for r in p.removed):
         return ""
-    words = set(_IDENT.findall(uncommented("\n".join(p.lines))))
+    code = uncommented("\n".join(p.lines))
+    words = set(_IDENT.findall(code))
     defined = {w for w in p.new_names if _defines(w, p.hunk.added)}
     index = p.target.target.index
     if any(w not in words and not (w in defined and index.find(w)) for w in p.new_names):
         return ""
+    values = set(_LITERAL.findall(code))
+    if any(v not in values for v in _LITERAL.findall(uncommented("\n".join(p.hunk.added)))):
+        return ""  # upstream has the names with values of its own (`return 5;`, not `7;`)
     return f"it has {', '.join(p.new_names[:4])}" + (" ..." if len(p.new_names) > 4 else "")
+
+
+# a number or a string the added lines hold (a name upstream has may be set to another value)
+_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"|(?<![\w.])\d[\w.]*')
 
 
 def there_under_upstreams_names(p: Place) -> str:
