@@ -352,6 +352,12 @@ def test_drift_with_a_series_that_does_not_exist_is_12(fixture_tree, tmp_path):
     assert run.returncode == 12
 
 
+def test_drift_from_a_saved_report_that_does_not_exist_is_12(tmp_path):
+    path = tmp_path / "report.json"
+    run = portkit("drift", "--from-json", str(path), cache=tmp_path / "cache")
+    one_line(run, errors.InputError.exit_code, f"--from-json {path} cannot be read: ")
+
+
 def test_a_checksum_mismatch_is_8(tmp_path):
     cache = tmp_path / "cache"
     sdists = cache / "sdists"

@@ -84,6 +84,9 @@ def drift_cmd(series_dir: Path | None, targets: tuple[str, ...], base: str | Non
             text = saved.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise InputError(f"{saved} is not a JSON drift report (not UTF-8)") from exc
+        except OSError as exc:
+            raise InputError(f"--from-json {saved} cannot be read: "
+                             f"{exc.strerror or exc}") from exc
         report = dm.DriftReport.from_json(text)
     else:
         job, fork = _job(series_dir, targets, base, fork_path)
