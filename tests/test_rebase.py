@@ -276,13 +276,17 @@ def test_a_series_numbered_without_gaps_is_numbered_again_once_a_patch_drops(sma
     done = rb.rebase(series, detect(target), base=detect(base))
     rows = done.report.patches
     assert any(r.status == rb.DROPPED for r in rows)  # the small series has one upstream took
-    # a patch left for a human keeps its number: its side file is named by it, it comes back
+    # a patch left for a human is numbered as the others: its side file has its new number
+    # (the human's patch, saved under it, comes back in its place, no number taken twice)
     human = [r for r in rows if r.status == rb.NEEDS_HUMAN and r.output is None]
-    assert human and all(r.conflict and Path(r.file).stem in r.conflict for r in human)
+    assert human and any(r.status == rb.DROPPED for r in rows[:rows.index(human[0])])
     numbered = [r for r in rows if r.status != rb.DROPPED]
     for n, row in enumerate(numbered, 1):
-        assert row.output is None or row.output == f"{n:04d}-{row.file[5:]}", row
+        name = f"{n:04d}-{row.file[5:]}"
+        assert row.output is None or row.output == name, row
+        assert row.conflict is None or row.conflict == f"needs-human/{Path(name).stem}.conflict"
     assert [p.name for p in done.series.patches] == [r.output for r in rows if r.output]
+    assert set(done.side_files) == {r.conflict for r in rows if r.conflict}
 
 
 def test_a_series_with_gaps_of_its_own_keeps_its_names(small, tmp_path):
@@ -360,7 +364,8 @@ def test_a_patch_that_needs_a_human_leaves_a_side_file_with_both_sides(small, tm
     done = rb.rebase(read_series(folder), detect(target), base=detect(base))
     row = done.report.patches[4]
     assert row.status == rb.NEEDS_HUMAN and row.output is None
-    assert row.conflict == f"needs-human/{Path(row.file).stem}.conflict"
+    # named by the number it has now (a patch before it dropped out: 0005 is 0004)
+    assert row.conflict == f"needs-human/0004{Path(row.file).stem[4:]}.conflict"
     text = done.side_files[row.conflict].decode()
     assert f"Reason: {row.reason}" in text
     assert "+    llama_gone_logged = z;" in text  # the series' side
@@ -383,6 +388,30 @@ def test_output_is_written_at_once_and_never_over_something(small, tmp_path):
     (tmp_path / "empty").mkdir()
     rb.write_rebased(done, tmp_path / "empty")
     assert tree_bytes(tmp_path / "empty") == tree_bytes(out)
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_a_run_that_fills_the_output_first_wins_and_the_other_is_refused(small, tmp_path,
+                                                                          monkeypatch, empty):
+    """Two runs given one --out: the one that fills it while the other is still writing
+    wins; the other is refused as any run given a full --out is (exit 2), its files gone."""
+    base, target, folder = small
+    done = rb.rebase(read_series(folder), detect(target), base=detect(base))
+    out = tmp_path / "out"
+    if empty:
+        out.mkdir()
+    rename = os.rename
+
+    def other_run_first(src, dst):
+        out.mkdir(exist_ok=True)
+        (out / "0001-theirs.patch").write_text("the other run's\n")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", other_run_first)
+    with pytest.raises(UsageError, match="exists and is not an empty folder"):
+        rb.write_rebased(done, out)
+    assert [p.name for p in out.iterdir()] == ["0001-theirs.patch"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
 
 
 def test_what_a_killed_write_left_beside_the_output_is_removed_by_the_next(small, tmp_path):

@@ -179,7 +179,8 @@ def _render(report: RebaseReport, fmt: str) -> str:
     width = max((len(p.file) for p in report.patches), default=5)
     lines = [title, ""]
     lines += [f"{i:>3} {mark[report.needs_attention(p)]}{p.file:<{width}}  {p.status:<12}  "
-              f"{p.reason}" for i, p in enumerate(report.patches, 1)]
+              f"{p.reason}" + (f" (written as {p.output})" if p.output and p.output != p.file
+                               else "") for i, p in enumerate(report.patches, 1)]
     lines += [""] + notes
     return "\n".join(lines) + "\n"
 

@@ -5,6 +5,7 @@ style with git's diff of what it does on the target, and written to --out all at
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -182,7 +183,13 @@ def rebase(series: Series, target: Tree, *, base: Tree | None = None, fork: Tree
     if names:
         carried = [replace(p, name=names.get(p.name, p.name)) for p in carried]
         kept = {names.get(name, name): data for name, data in kept.items()}
-        rows = [replace(r, output=names.get(r.output, r.output)) if r.output else r
+        # a side file is named as its patch is now: the human's patch takes its place
+        order = list(side_names)
+        again = _side_names([names.get(name, name) for name in order])
+        moved = {side_names[name]: again[names.get(name, name)] for name in order}
+        side = {moved.get(rel, rel): data for rel, data in side.items()}
+        rows = [replace(r, output=names.get(r.output, r.output) if r.output else None,
+                        conflict=moved.get(r.conflict, r.conflict) if r.conflict else None)
                 for r in rows]
         report = replace(report, patches=tuple(rows))
     out = Series(series.folder, series.kind, tuple(carried), series.conventions,
@@ -197,7 +204,8 @@ def _renumbered(series: Series, dropped: set[str]) -> dict[str, str]:
     """The new file names of a series numbered without gaps (NNNN-, from its first number,
     as `git format-patch` numbers a series made again) once patches drop out of it: the
     ones after a gap numbered again, each keeping the rest of its name. A patch left for a
-    human keeps its number (its side file is named by it, and it comes back). A series that
+    human is numbered as the others (its side file is named by its new name: the human's
+    patch, saved under it, comes back in its place). A series that
     had gaps of its own, is quilt's, or numbers its subjects ([PATCH n/m]) keeps its names."""
     order = [p.name for p in series.in_order() if not getattr(p, "cover", False)]
     found = [_NUMBERED.fullmatch(name) for name in order]
@@ -249,6 +257,13 @@ def write_rebased(rebased: Rebased, out: Path) -> None:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
+        try:  # another run given the same --out may have filled it meanwhile: it won
+            if out.exists():
+                out.rmdir()
+            os.rename(tmp, out)
+        except FileNotFoundError:  # its empty `out` went just now: ours goes there
+            os.rename(tmp, out)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise UsageError(f"--out {out} exists and is not an empty folder") from exc
