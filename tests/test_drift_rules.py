@@ -573,6 +573,42 @@ def test_a_hunk_whose_function_left_the_file_is_placed_in_the_file_its_lines_wen
 
 
 
+COMPUTE = """\
+int llama_compute(int x) {
+    int acc = 0;
+    for (int i = 0; i < x; i++) {
+        acc += i * 2;
+        acc -= i / 3;
+    }
+    acc = acc * 7;
+    return acc;
+}
+"""
+OTHERS = "".join(f"int llama_other_{i}(int x) {{\n    return x + {i};\n}}\n\n" for i in range(20))
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_a_function_defined_in_two_other_files_is_not_placed_in_either_without_a_word(
+        tmp_path, copies):
+    """Upstream moved llama_compute out of a.cpp; the target defines it in two files (one as
+    it was, one changed): which one the patch meant is not known, so the hunk is a conflict
+    naming both, never relocated into the first by path order. With one definition, the
+    hunk goes there."""
+    base = OTHERS + COMPUTE
+    target = {"src/a.cpp": OTHERS, "src/llama-compute.cpp": COMPUTE}
+    if copies == 2:
+        target["src/llama-compute-alt.cpp"] = COMPUTE.replace("i * 2", "i * 4")
+    mine = base.replace("    acc = acc * 7;\n", "    acc = acc * 7;\n    acc += 1;\n")
+    t = _run(tmp_path, {"src/a.cpp": base}, target, [[_diff("src/a.cpp", base, mine)]])
+    (hunk,) = t.patches[0].hunks
+    if copies == 2:
+        assert hunk.status == dm.CONFLICT, hunk.reason
+        assert "src/llama-compute.cpp" in hunk.reason and "llama-compute-alt" in hunk.reason
+    else:
+        assert hunk.status == dm.RELOCATED and hunk.moved_to is not None, hunk.reason
+        assert hunk.moved_to.file == "src/llama-compute.cpp"
+
+
 def test_a_gone_function_is_looked_for_in_the_file_with_most_of_its_lines_first_listed_on_a_tie(
         tmp_path):
     """f left a.cpp (renamed, context changed): of the files that have its lines, the one with

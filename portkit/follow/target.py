@@ -330,10 +330,17 @@ class _Target:
         found = self.locator.locate(sym, floor=SURE)
         if not found or found[0].confidence < SURE:
             return None, f"{sym.qualname} is not in the target"
-        if len(found) > 1 and found[0].confidence - found[1].confidence < MARGIN \
-                and found[1].symbol.qualname != found[0].symbol.qualname:
-            return None, (f"{sym.qualname} could be {found[0].symbol.qualname} or "
-                          f"{found[1].symbol.qualname} in the target")
+        if len(found) > 1 and found[0].confidence - found[1].confidence < MARGIN:
+            first, second = found[0].symbol, found[1].symbol
+            if first.qualname != second.qualname:
+                return None, (f"{sym.qualname} could be {first.qualname} or "
+                              f"{second.qualname} in the target")
+            if first.file != second.file and sym.file == second.file:
+                return found[1], ""  # one name defined in two files: the one it was in
+            if first.file != second.file and sym.file != first.file:
+                # one name defined in two files, neither the one it was in: which is it?
+                return None, (f"{sym.qualname} could be the one in {first.file} or the one "
+                              f"in {second.file} in the target")
         return found[0], ""
 
     def follow(self, hunk: Hunk, base_sym: Symbol | None, reason: str,
