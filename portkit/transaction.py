@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portkit.errors import BusyError, RecordError, TreeError, UsageError
+from portkit.errors import BusyError, EditedSince, RecordError, TreeError, UsageError
 from portkit.paths import EXECUTABLE, REGULAR, SYMLINK, link_problem, path_problem
 from portkit.paths import RECORD_FOLDER as RECORD_FOLDER
 
@@ -586,8 +586,31 @@ def _commit(files: TreeFiles) -> None:
     checkpoint("committed")
 
 
+def _refuse_edited(files: TreeFiles, journal: Journal) -> None:
+    """Refuse (EditedSince) to roll back over a file changed after the transaction stopped:
+    one that holds neither its journaled bytes nor those the transaction was to give it
+    (after_sha256). A file gone is no loss: the roll-back puts the original back."""
+    for original in journal.files:
+        try:
+            current = files.read(original.rel, links=True)
+        except TreeError:
+            current = None  # a link on the way or a folder there: the roll-back says so
+        if current is None or current[0] == original.data or (
+                original.after is not None and sha256(current[0]) == original.after):
+            continue
+        root = files.root
+        raise EditedSince(
+            f"{root / original.rel} was changed after an interrupted {journal.action} (pid "
+            f"{journal.pid}) stopped: it is neither as it was before nor as portkit wrote "
+            f"it, so nothing was rolled back; move your version of it out of the tree, run "
+            f"`portkit recover --tree {root}`, then put your changes back")
+
+
 def _roll_back(files: TreeFiles, journal: Journal) -> None:
-    """Put every journaled file and folder back as it was. Safe to repeat at any point."""
+    """Put every journaled file and folder back as it was. Safe to repeat at any point;
+    refused, before anything is written, where a file was changed after the transaction
+    stopped (_refuse_edited)."""
+    _refuse_edited(files, journal)
     # the journal is portkit's own: what it lists under .portkit is the record (.git stays
     # refused whatever it lists)
     files.own.update([_journal_rel(), _journal_rel() + ".tmp"])
@@ -792,6 +815,8 @@ def settle(root: Path, *, writer: bool) -> str | None:
             journal = recover(root)
     except BusyError:
         return None  # a live writer owns the journal and will finish or roll back itself
+    except EditedSince:
+        raise  # the user's work is at stake: no command goes on over a half-written tree
     except (PermissionError, TreeError):
         return None  # a tree this user cannot write: reading it is all the command does
     return recovered_line(root, journal) if journal else None
