@@ -59,6 +59,11 @@ class RecordError(PortkitError):
     exit_code = 6
 
 
+class BadLock(RecordError):
+    """<tree>/.portkit/.lock is not a lock file portkit can take (a folder, a FIFO, a link
+    planted there): a writer refuses it; a reader goes on, as without the lock."""
+
+
 class BusyError(PortkitError):
     """Another portkit process holds the tree's lock."""
 
