@@ -137,6 +137,41 @@ def test_another_series_of_the_same_name_is_refused_not_called_applied(fixture_t
     assert tree_bytes(tree) == applied
 
 
+def test_a_series_named_like_a_feature_never_stands_for_the_feature(fixture_tree, tmp_path):
+    """A folder named kv-rotation applied with --series is that series' record, not the
+    feature's: the feature is not "already applied" by it, its --reverse does not take the
+    series out, and the other way round; each refusal is one line, the tree untouched."""
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    series = tmp_path / "kv-rotation"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    assert _apply(tree, series).exit_code == 0
+    with_series = tree_bytes(tree)
+    for more in ([], ["--reverse"], ["--reverse", "--dry-run"]):
+        feature = invoke("apply", "--force", "--tree", str(tree), *more)
+        assert feature.exit_code == 4 and feature.stderr.count("\n") == 1, feature.output
+        assert "a series named kv-rotation is applied to this tree (by `portkit apply " \
+               "--series`), not the feature kv-rotation" in feature.stderr
+        assert tree_bytes(tree) == with_series
+    assert _apply(tree, series, "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+    # the feature applied: a series folder of its name neither is it nor takes it out
+    assert invoke("apply", "--force", "--tree", str(tree)).exit_code == 0
+    with_feature = tree_bytes(tree)
+    refused = _apply(tree, series)
+    assert refused.exit_code == 4 and refused.stderr.count("\n") == 1
+    assert f"the feature kv-rotation is applied to this tree, not the series in {series}" \
+        in refused.stderr
+    gone = tmp_path / "elsewhere" / "kv-rotation"  # the folder is no more: its name alone
+    out = _apply(tree, gone, "--reverse")
+    assert out.exit_code == 4 and "leave out --series to take the feature out" in out.stderr
+    assert tree_bytes(tree) == with_feature
+    assert invoke("apply", "--force", "--tree", str(tree), "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+
+
 @pytest.mark.parametrize("order", ["recorded", "not recorded"])
 def test_a_series_comes_out_only_from_under_no_later_one_on_its_files(fixture_tree, tmp_path,
                                                                       order):

@@ -72,7 +72,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         given = read_series(series_dir) if series_dir is not None and series_dir.is_dir() \
             else None
         outcome = apply_mod.reverse(info, name, pin=pin, force=force, dry_run=dry_run,
-                                    series=given)
+                                    series=given, of_series=series_dir is not None)
     elif series_dir is not None:
         outcome = apply_mod.apply_series(info, read_series(series_dir), name, pin=pin,
                                          force=force, dry_run=dry_run,
