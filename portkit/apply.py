@@ -27,8 +27,16 @@ from unidiff.patch import PatchSet
 
 from portkit.build import CompileResult, compile_units
 from portkit.cache import cache_dir, lay_down, scratch, sweep
-from portkit.errors import ApplyConflict, PortkitError, SpecError, TreeError, UsageError
+from portkit.errors import (
+    ApplyConflict,
+    InputError,
+    PortkitError,
+    SpecError,
+    TreeError,
+    UsageError,
+)
 from portkit.features import feature_dir
+from portkit.fork import Vendoring
 from portkit.hunks import apply_hunks
 from portkit.index import source_files
 from portkit.paths import EXECUTABLE, SYMLINK
@@ -39,6 +47,7 @@ from portkit.record import (
     check_feature,
     ggml_apart,
     in_llama,
+    llama_rel,
     record_names,
     record_rel,
     state_json,
@@ -421,6 +430,8 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
         return previous
     files = list(dict.fromkeys(series.paths))
     given = series_identity(series.patches)
+    if tree.layout == OLLAMA:
+        _refuse_unvendored(tree, series)
     if _is_fork(tree):
         series = _as_fork_patches(tree, series)
     else:
@@ -432,6 +443,24 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
 
 
 _NUMBER = re.compile(r"^\d{4}-")
+
+
+def _refuse_unvendored(tree: Tree, series: Series) -> None:
+    """In a fork, refuse (InputError) a series that changes a file the fork's rsync rules do
+    not vendor (portkit.fork.Vendoring): written there, the next `make -f Makefile.sync
+    sync` would delete it, and a patch made at the fork's root (llama/llama.cpp/src/...)
+    would land two folders deep instead of failing. Nothing is written before."""
+    vendoring = Vendoring.of(tree)
+    for patch in series.patches:
+        for path in patch.paths:
+            if not vendoring.sends(path):
+                hint = " (a patch made at the fork's root? a series names llama.cpp's " \
+                       "paths: src/..., ggml/...)" if path.startswith(
+                           (f"{llama_rel(tree)}/", "ml/")) else ""
+                raise InputError(f"{series.folder / patch.name} changes {path}, which this "
+                                 f"fork does not vendor: its rsync rules would not bring "
+                                 f"{vendoring.in_fork(path).relative_to(tree.root)} into the "
+                                 f"fork{hint}; nothing was applied")
 
 
 def _as_fork_patches(tree: Tree, series: Series) -> Series:
