@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -169,6 +170,39 @@ def test_a_series_named_like_a_feature_never_stands_for_the_feature(fixture_tree
     assert out.exit_code == 4 and "leave out --series to take the feature out" in out.stderr
     assert tree_bytes(tree) == with_feature
     assert invoke("apply", "--force", "--tree", str(tree), "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+
+
+@pytest.mark.parametrize("how", ["--force", "--pin", "--pin, a feature"])
+def test_the_command_apply_prints_to_see_the_change_works_as_printed(fixture_git_tree,
+                                                                     tmp_path, monkeypatch,
+                                                                     how):
+    """The hint after an apply is a command that works when pasted (from another folder than
+    the tree's): with the pin or --force the apply had, the series folder (a series comes
+    out only by --series) and the tree; without --dry-run it takes the change out."""
+    tree = fixture_git_tree("old")
+    before = tree_bytes(tree)
+    pin = git(tree, "rev-parse", "HEAD").strip()[:12]
+    series = tmp_path / "fixes"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    monkeypatch.chdir(tmp_path)
+    given = ["--force"] if how == "--force" else ["--pin", pin]
+    what = [] if how.endswith("feature") else ["--series", str(series)]
+    done = invoke("apply", *given, "--tree", str(tree), *what)
+    assert done.exit_code == 0, done.output
+    hint = re.search(r"or `(portkit apply [^`]*)` \(without --dry-run: take it out\)",
+                     done.stdout)
+    assert hint is not None, done.stdout
+    argv = shlex.split(hint.group(1))
+    assert argv[:4] == ["portkit", "apply", "--reverse", "--dry-run"] and given[0] in argv
+    shown = invoke(*argv[1:])
+    assert shown.exit_code == 0, shown.output
+    assert "patch(es) would be reversed" in shown.stderr
+    assert ("// a note" in shown.stdout) == bool(what)  # else the feature's series
+    out = invoke(*[a for a in argv[1:] if a != "--dry-run"])
+    assert out.exit_code == 0, out.output
     assert tree_bytes(tree) == before
 
 

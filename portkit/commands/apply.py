@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -11,7 +12,7 @@ from portkit import tree as tree_mod
 from portkit import validate as validate_mod
 from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
 from portkit.errors import UsageError
-from portkit.features import Feature
+from portkit.features import DEFAULT_FEATURE, Feature
 from portkit.record import record_rel
 from portkit.render import PRESENT
 from portkit.series import read_series
@@ -111,9 +112,9 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
             click.echo(f"compiled {', '.join(outcome.compiled.units)} with "
                        f"{outcome.compiled.method}")
         if not reverse:
+            show = _reverse_command(pin, force, tree_path, feature, series_dir)
             click.echo(f"the series is kept in {record}; see the change with `git diff` in a "
-                       f"git checkout, or `portkit apply --reverse --dry-run` (take it out "
-                       f"with --reverse)")
+                       f"git checkout, or `{show}` (without --dry-run: take it out)")
     if then_validate and not reverse:
         port = Feature.load(feature)
         reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
@@ -122,3 +123,20 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         click.echo(report.text())
         if not report.passed:
             raise report.failure()
+
+
+def _reverse_command(pin: str | None, force: bool, tree_path: Path, feature: str,
+                     series_dir: Path | None) -> str:
+    """The `portkit apply --reverse --dry-run` that shows what this run applied, as the
+    user can paste it: the pin (or --force) it was applied with, the series folder (a
+    series is taken out by --series) or a feature other than the default, the tree when it
+    is not the current folder."""
+    words = ["portkit", "apply", "--reverse", "--dry-run"]
+    words += ["--force"] if force or pin is None else ["--pin", pin]
+    if series_dir is not None:
+        words += ["--series", str(series_dir)]
+    elif feature != DEFAULT_FEATURE:
+        words += ["--feature", feature]
+    if tree_path.resolve() != Path.cwd().resolve():
+        words += ["--tree", str(tree_path)]
+    return shlex.join(words)
