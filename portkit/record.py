@@ -91,6 +91,18 @@ def check_feature(feature: str) -> str:
     return feature
 
 
+def check_series_name(folder: Path) -> str:
+    """The name `apply --series` records a series folder under: the folder's own, which
+    names its record folder too, so a plain name as a feature's (said as the folder's)."""
+    name = folder.resolve().name
+    if not _FEATURE.fullmatch(name):
+        raise UsageError(f"the name of the --series folder {folder} is the name its record is "
+                         f"kept under, and {name!r} cannot be one: rename the folder (or copy "
+                         f"it) to a name of letters, digits, '.', '_' and '-' that starts with "
+                         f"a letter or digit (at most 100)")
+    return name
+
+
 def record_rel(feature: str) -> str:
     """The record folder, relative to the tree's root."""
     return f"{RECORD_FOLDER}/{check_feature(feature)}"

@@ -462,3 +462,28 @@ def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork
     assert back.exit_code == 6 and back.stderr.count("\n") == 1
     assert f"series copy llama/patches/{own.name} is not one of its patches" in back.stderr
     assert tree_bytes(fork.root) == before
+
+
+@pytest.mark.parametrize("folder", ["my series", ".my-series"])
+def test_a_series_folder_whose_name_cannot_name_a_record_is_told_so(fixture_tree, tmp_path,
+                                                                    folder):
+    """The folder's name is the record's: a name that cannot be one is refused as the
+    folder's (never as a "feature name" the user did not give), saying which names can,
+    and --help says it before."""
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    series = tmp_path / folder
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    for more in ([], ["--reverse"]):
+        done = _apply(tree, series, *more)
+        assert done.exit_code == 2 and done.stderr.count("\n") == 1, done.output
+        assert "feature" not in done.stderr
+        assert f"the name of the --series folder {series} is the name its record is kept " \
+               f"under, and {folder!r} cannot be one: rename the folder" in done.stderr
+        assert "letters, digits, '.', '_' and '-'" in done.stderr
+        assert tree_bytes(tree) == before
+    helped = " ".join(invoke("apply", "--help").stdout.split())
+    assert "recorded under the folder's name (letters, digits, '.', '_', '-', starting with " \
+           "a letter or digit: rename the folder otherwise)" in helped

@@ -13,7 +13,7 @@ from portkit import validate as validate_mod
 from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
 from portkit.errors import UsageError
 from portkit.features import DEFAULT_FEATURE, Feature
-from portkit.record import record_rel
+from portkit.record import check_series_name, record_rel
 from portkit.render import PRESENT
 from portkit.series import read_series
 
@@ -27,8 +27,11 @@ from portkit.series import read_series
 @click.option("--series", "series_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Apply this patch series instead of a feature: a folder of format-patch "
                    "mails or plain diffs (any names), or a quilt folder with its `series` "
-                   "file. It is recorded under the folder's name; --reverse --series takes "
-                   "it out (only the series recorded under that name).")
+                   "file. It is recorded under the folder's name (letters, digits, '.', '_', "
+                   "'-', starting with a letter or digit: rename the folder otherwise); "
+                   "--reverse --series takes it out (only the series recorded under that "
+                   "name). In a fork, it may change only files the fork's rsync rules "
+                   "vendor.")
 @click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
@@ -64,7 +67,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         raise UsageError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
     name = feature
     if series_dir is not None:
-        name = series_dir.resolve().name
+        name = check_series_name(series_dir)
         if then_validate:
             raise UsageError("--validate proves a feature; give --feature, not --series")
     if reverse:
