@@ -27,7 +27,16 @@ from unidiff.patch import PatchSet
 
 from portkit.build import CompileResult, compile_units
 from portkit.cache import cache_dir, lay_down, scratch, sweep
-from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
+from portkit.errors import (
+    ApplyConflict,
+    InputError,
+    PortkitError,
+    SpecError,
+    TreeError,
+    UsageError,
+)
+from portkit.features import feature_dir
+from portkit.fork import Vendoring
 from portkit.hunks import apply_hunks
 from portkit.index import source_files
 from portkit.paths import EXECUTABLE, SYMLINK
@@ -38,6 +47,7 @@ from portkit.record import (
     check_feature,
     ggml_apart,
     in_llama,
+    llama_rel,
     record_names,
     record_rel,
     state_json,
@@ -420,6 +430,8 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
         return previous
     files = list(dict.fromkeys(series.paths))
     given = series_identity(series.patches)
+    if tree.layout == OLLAMA:
+        _refuse_unvendored(tree, series)
     if _is_fork(tree):
         series = _as_fork_patches(tree, series)
     else:
@@ -431,6 +443,24 @@ def _apply_series(tree: Tree, series: Series, name: str, *, pin: str | None, for
 
 
 _NUMBER = re.compile(r"^\d{4}-")
+
+
+def _refuse_unvendored(tree: Tree, series: Series) -> None:
+    """In a fork, refuse (InputError) a series that changes a file the fork's rsync rules do
+    not vendor (portkit.fork.Vendoring): written there, the next `make -f Makefile.sync
+    sync` would delete it, and a patch made at the fork's root (llama/llama.cpp/src/...)
+    would land two folders deep instead of failing. Nothing is written before."""
+    vendoring = Vendoring.of(tree)
+    for patch in series.patches:
+        for path in patch.paths:
+            if not vendoring.sends(path):
+                hint = " (a patch made at the fork's root? a series names llama.cpp's " \
+                       "paths: src/..., ggml/...)" if path.startswith(
+                           (f"{llama_rel(tree)}/", "ml/")) else ""
+                raise InputError(f"{series.folder / patch.name} changes {path}, which this "
+                                 f"fork does not vendor: its rsync rules would not bring "
+                                 f"{vendoring.in_fork(path).relative_to(tree.root)} into the "
+                                 f"fork{hint}; nothing was applied")
 
 
 def _as_fork_patches(tree: Tree, series: Series) -> Series:
@@ -532,10 +562,13 @@ def fork_conventions(tree: Tree, own: Series | None = None) -> Conventions:
 def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | None:
     """ALREADY when the record says `name` is applied (and the tree still shows it). With
     `series`: only when it is that series (the same diffs); another series of that name is
-    refused (TreeError)."""
+    refused (TreeError). Without: only when it is the feature's record, not a series'."""
     previous = read_record(tree, name)
     if previous is None:
         return None
+    if series is None:
+        _refuse_series_record(previous, "take the series out first (`portkit apply --reverse "
+                              "--series DIR`), or apply it from a folder of another name")
     _refuse_another(previous, series, "take it out first with --reverse, or apply this one "
                     "from a folder of another name")
     try:
@@ -546,16 +579,37 @@ def _already(tree: Tree, name: str, series: Series | None = None) -> Outcome | N
     return Outcome(ALREADY, _texts(previous), previous.files)
 
 
+def _refuse_series_record(record: Record, then: str) -> None:
+    """Refuse (TreeError) to take the record of `apply --series` for a feature's: a series
+    record keeps the identity of the series given (Record.given), a feature's has none. A
+    feature is never "already applied", nor taken out, because a series of its name was."""
+    if record.given is not None:
+        raise TreeError(f"a series named {record.feature} is applied to this tree (by "
+                        f"`portkit apply --series`), not the feature {record.feature}: {then}")
+
+
+def _a_feature(name: str) -> bool:
+    try:
+        feature_dir(name)
+    except SpecError:
+        return False
+    return True
+
+
 def _refuse_another(record: Record, series: Series | None, then: str) -> None:
     """Refuse (TreeError) when `series` is not the series `record` applied under its name:
     not the same changes as the series given to that apply (series_identity), or, for a
-    record that does not say, as the record's own patches."""
+    record that does not say, as the record's own patches (a feature's record, said so)."""
     if series is None:
         return
     theirs = record.given or series_identity(
         [parse_patch(n, data, strip=level)
          for (n, data), level in zip(record.series, record.levels, strict=True)])
     if series_identity(series.patches) != theirs:
+        if record.given is None and _a_feature(record.feature):
+            raise TreeError(f"the feature {record.feature} is applied to this tree, not the "
+                            f"series in {series.folder} (its folder's name is the "
+                            f"feature's): apply the series from a folder of another name")
         raise TreeError(f"another series named {record.feature} is applied to this tree (its "
                         f"patches differ from those in {series.folder}): {then}")
 
@@ -602,24 +656,35 @@ def _put(tree: Tree, name: str, series: Series, files: list[str], *, dry_run: bo
 
 
 def reverse(tree: Tree, feature: str, *, pin: str | None, force: bool = False,
-            dry_run: bool = False, series: Series | None = None) -> Outcome:
+            dry_run: bool = False, series: Series | None = None,
+            of_series: bool | None = None) -> Outcome:
     """Take out a series that `apply` put in, restoring the tree byte for byte. With
-    `series`, only when it is the series recorded under that name."""
+    `series`, only when it is the series recorded under that name. `of_series`: what is
+    taken out is a series of `apply --series` (True; given `series`, it is one), or the
+    feature (False): the record of the one is never taken for the other's."""
     check_feature(feature)
+    kind = series is not None if of_series is None else of_series
     if dry_run:
-        return _reverse(tree, feature, pin=pin, force=force, dry_run=True, series=series)
+        return _reverse(tree, feature, pin=pin, force=force, dry_run=True, series=series,
+                        of_series=kind)
     with _writing(tree) as now:
-        return _reverse(now, feature, pin=pin, force=force, dry_run=False, series=series)
+        return _reverse(now, feature, pin=pin, force=force, dry_run=False, series=series,
+                        of_series=kind)
 
 
 def _reverse(tree: Tree, feature: str, *, pin: str | None, force: bool,
-             dry_run: bool, series: Series | None) -> Outcome:
+             dry_run: bool, series: Series | None, of_series: bool) -> Outcome:
     if pin is not None and not force:
         check_pin(tree, pin)
     record = read_record(tree, feature)
     if record is None:
         raise TreeError(f"{feature} is not applied to this tree "
                         f"(no record in {tree.root / record_rel(feature)})")
+    if not of_series:
+        _refuse_series_record(record, "give --series DIR to take the series out")
+    elif record.given is None and series is None and _a_feature(feature):
+        raise TreeError(f"the feature {feature} is applied to this tree, not a series of that "
+                        f"name: leave out --series to take the feature out")
     _refuse_another(record, series, "nothing was taken out")
     mails = _texts(record)
     if dry_run:

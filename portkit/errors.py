@@ -40,6 +40,13 @@ class TreeError(PortkitError):
     exit_code = 4
 
 
+class EditedSince(TreeError):
+    """A file a killed portkit's transaction wrote was changed after the kill (it is neither
+    as it was nor as the transaction wrote it): rolling back would overwrite the user's
+    work, so nothing is rolled back. Every command refuses the tree until the user moves
+    that file aside."""
+
+
 class ApplyConflict(PortkitError):
     """A patch of the series does not apply to the tree (names the patch and the hunk)."""
 
@@ -50,6 +57,11 @@ class RecordError(PortkitError):
     """portkit's own record in <tree>/.portkit cannot be trusted (damaged or planted)."""
 
     exit_code = 6
+
+
+class BadLock(RecordError):
+    """<tree>/.portkit/.lock is not a lock file portkit can take (a folder, a FIFO, a link
+    planted there): a writer refuses it; a reader goes on, as without the lock."""
 
 
 class BusyError(PortkitError):

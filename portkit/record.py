@@ -17,6 +17,7 @@ missing list.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,14 @@ from typing import Any
 
 from portkit.errors import PortkitError, RecordError, TreeError, UsageError
 from portkit.series import parse_patch
-from portkit.transaction import RECORD_FOLDER, TreeFiles, path_parts, sha256
+from portkit.transaction import (
+    PATCH_LIMIT,
+    RECORD_FOLDER,
+    STATE_LIMIT,
+    TreeFiles,
+    path_parts,
+    sha256,
+)
 from portkit.tree import Tree
 
 SCHEMA = "portkit-record/2"
@@ -81,6 +89,18 @@ def check_feature(feature: str) -> str:
     if not _FEATURE.fullmatch(feature):
         raise UsageError(f"not a feature name: {feature!r} (letters, digits, '.', '_', '-')")
     return feature
+
+
+def check_series_name(folder: Path) -> str:
+    """The name `apply --series` records a series folder under: the folder's own, which
+    names its record folder too, so a plain name as a feature's (said as the folder's)."""
+    name = folder.resolve().name
+    if not _FEATURE.fullmatch(name):
+        raise UsageError(f"the name of the --series folder {folder} is the name its record is "
+                         f"kept under, and {name!r} cannot be one: rename the folder (or copy "
+                         f"it) to a name of letters, digits, '.', '_' and '-' that starts with "
+                         f"a letter or digit (at most 100)")
+    return name
 
 
 def record_rel(feature: str) -> str:
@@ -167,9 +187,9 @@ class _Reader:
                            f"(restore it, or move {self.state.parent} out of the tree if the "
                            f"tree is not patched)")
 
-    def read(self, rel: str) -> bytes | None:
+    def read(self, rel: str, limit: int) -> bytes | None:
         try:
-            found = self.files.read(rel)
+            found = self.files.read(rel, limit=limit)
         except TreeError as exc:
             raise self.bad(exc.message) from exc
         return None if found is None else found[0]
@@ -223,7 +243,7 @@ class _Reader:
         for entry in entries:
             if not _RECORD_NAME.fullmatch(entry.path) or entry.path == STATE:
                 raise self.bad(f"{entry.path!r} is not a patch file name")
-            text = self.read(f"{self.rel}/{entry.path}")
+            text = self.read(f"{self.rel}/{entry.path}", PATCH_LIMIT)
             if text is None:
                 raise self.bad(f"patch {entry.path} is missing")
             if entry.sha256 is not None and sha256(text) != entry.sha256:
@@ -256,7 +276,7 @@ class _Reader:
                            f"{max(n for _, n in tags)})")
 
     def record(self) -> Record | None:
-        raw = self.read(f"{self.rel}/{STATE}")
+        raw = self.read(f"{self.rel}/{STATE}", STATE_LIMIT)
         if raw is None:
             try:
                 planted = self.files.exists(self.rel)
@@ -318,11 +338,12 @@ def read_record(tree: Tree, feature: str) -> Record | None:
 
 
 def applied(tree: Tree) -> list[Record]:
-    """Every feature or series portkit applied to `tree`, by its checked record."""
+    """Every feature or series portkit applied to `tree`, by its checked record (a
+    state.json that is not a file, a FIFO or a folder planted there, is a bad record)."""
     folder = tree.root / RECORD_FOLDER
     if not folder.is_dir() or folder.is_symlink():
         return []
     names = sorted(p.name for p in folder.iterdir()
-                   if _FEATURE.fullmatch(p.name) and (p / "state.json").is_file())
+                   if _FEATURE.fullmatch(p.name) and os.path.lexists(p / STATE))
     return [r for r in (read_record(tree, name) for name in names) if r is not None]
 

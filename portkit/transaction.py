@@ -43,7 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from portkit.errors import BusyError, RecordError, TreeError, UsageError
+from portkit.errors import (
+    BadLock,
+    BusyError,
+    EditedSince,
+    RecordError,
+    TreeError,
+    UsageError,
+)
 from portkit.paths import EXECUTABLE, REGULAR, SYMLINK, link_problem, path_problem
 from portkit.paths import RECORD_FOLDER as RECORD_FOLDER
 
@@ -51,6 +58,14 @@ JOURNAL = ".journal"
 LOCK = ".lock"
 JOURNAL_SCHEMA = "portkit-journal/1"
 DEFAULT_LOCK_WAIT = 5.0
+# The most portkit reads of a file it wrote under .portkit, far above anything it writes: a
+# bigger one is damaged or planted, and is refused unread (it would be read whole). A
+# journal holds the original bytes of every file its transaction touches (a fork move: the
+# vendored files a vendor bump rewrites), a patch a whole patch, state.json names and
+# checksums only.
+JOURNAL_LIMIT = 1 << 30
+PATCH_LIMIT = 64 << 20
+STATE_LIMIT = 16 << 20
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -164,19 +179,30 @@ class TreeFiles:
             raise
         return fd
 
-    def read(self, rel: str, *, links: bool = False) -> tuple[bytes, os.stat_result] | None:
+    def read(self, rel: str, *, links: bool = False,
+             limit: int | None = None) -> tuple[bytes, os.stat_result] | None:
         """Bytes and status of a regular file, None if there is none at `rel`. With `links`,
-        a symbolic link there is read too (never followed): its target, and its lstat."""
+        a symbolic link there is read too (never followed): its target, and its lstat.
+        Anything else there (a folder, a FIFO, a device, a socket) is a TreeError, found
+        without blocking: a FIFO is never waited on, a device never opened; so is a file of
+        more than `limit` bytes, refused unread."""
         *folders, name = path_parts(rel)
         try:
             dfd = self.folder(folders)
         except FileNotFoundError:
             return None
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            kind = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+            if not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
+                raise TreeError(f"{self.root / rel} is not a regular file")
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
         except FileNotFoundError:
             os.close(dfd)
             return None
+        except TreeError:
+            os.close(dfd)
+            raise
         except OSError as exc:
             try:
                 if exc.errno == errno.ELOOP and links:
@@ -186,12 +212,17 @@ class TreeFiles:
                 os.close(dfd)
             if exc.errno == errno.ELOOP:
                 raise _link_error(self.root, path_parts(rel)) from exc
+            if exc.errno == errno.ENXIO:  # replaced by a socket since the stat
+                raise TreeError(f"{self.root / rel} is not a regular file") from exc
             raise
         os.close(dfd)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise TreeError(f"{self.root / rel} is not a regular file")
+            if limit is not None and st.st_size > limit:
+                raise TreeError(f"{self.root / rel} holds {st.st_size} bytes, more than "
+                                f"portkit ever writes there ({limit >> 20} MiB)")
             with os.fdopen(os.dup(fd), "rb") as fh:
                 return fh.read(), st
         finally:
@@ -586,8 +617,31 @@ def _commit(files: TreeFiles) -> None:
     checkpoint("committed")
 
 
+def _refuse_edited(files: TreeFiles, journal: Journal) -> None:
+    """Refuse (EditedSince) to roll back over a file changed after the transaction stopped:
+    one that holds neither its journaled bytes nor those the transaction was to give it
+    (after_sha256). A file gone is no loss: the roll-back puts the original back."""
+    for original in journal.files:
+        try:
+            current = files.read(original.rel, links=True)
+        except TreeError:
+            current = None  # a link on the way or a folder there: the roll-back says so
+        if current is None or current[0] == original.data or (
+                original.after is not None and sha256(current[0]) == original.after):
+            continue
+        root = files.root
+        raise EditedSince(
+            f"{root / original.rel} was changed after an interrupted {journal.action} (pid "
+            f"{journal.pid}) stopped: it is neither as it was before nor as portkit wrote "
+            f"it, so nothing was rolled back; move your version of it out of the tree, run "
+            f"`portkit recover --tree {root}`, then put your changes back")
+
+
 def _roll_back(files: TreeFiles, journal: Journal) -> None:
-    """Put every journaled file and folder back as it was. Safe to repeat at any point."""
+    """Put every journaled file and folder back as it was. Safe to repeat at any point;
+    refused, before anything is written, where a file was changed after the transaction
+    stopped (_refuse_edited)."""
+    _refuse_edited(files, journal)
     # the journal is portkit's own: what it lists under .portkit is the record (.git stays
     # refused whatever it lists)
     files.own.update([_journal_rel(), _journal_rel() + ".tmp"])
@@ -649,7 +703,7 @@ def recover(root: Path) -> Journal | None:
         files.own.add(_journal_rel() + ".tmp")
         files.remove(_journal_rel() + ".tmp")  # never completed: nothing written
         try:
-            found = files.read(_journal_rel())
+            found = files.read(_journal_rel(), limit=JOURNAL_LIMIT)
         except TreeError as exc:
             raise RecordError(f"bad journal {root / _journal_rel()}: {exc.message}; remove "
                               f"it") from exc
@@ -714,17 +768,23 @@ def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
         while True:
             pfd = _record_folder(files)
             try:
-                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=pfd)
+                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644, dir_fd=pfd)
             except FileNotFoundError:  # the holder removed .portkit as we opened it
                 os.close(pfd)
                 continue
             except OSError as exc:
                 os.close(pfd)
                 if exc.errno == errno.ELOOP:
-                    raise RecordError(f"{root / RECORD_FOLDER / LOCK} is a symbolic link; "
-                                      f"remove it") from exc
+                    raise BadLock(f"{root / RECORD_FOLDER / LOCK} is a symbolic link; "
+                                  f"remove it") from exc
+                if exc.errno in (errno.EISDIR, errno.ENXIO):
+                    raise _bad_lock(root) from exc
                 raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device planted there
+                os.close(fd)
+                os.close(pfd)
+                raise _bad_lock(root)
             if _locked(fd, pfd):
                 break
             give_up = time.monotonic() >= deadline
@@ -751,6 +811,11 @@ def tree_lock(root: Path, wait: float | None = None) -> Iterator[None]:
                     raise
             os.close(fd)
             os.close(pfd)
+
+
+def _bad_lock(root: Path) -> BadLock:
+    return BadLock(f"{root / RECORD_FOLDER / LOCK} is not a regular file (a folder or a "
+                   f"FIFO?): portkit keeps its lock there; remove it")
 
 
 def _locked(fd: int, pfd: int) -> bool:
@@ -790,8 +855,12 @@ def settle(root: Path, *, writer: bool) -> str | None:
     try:  # a live writer's transaction is worth waiting for: the tree is half written
         with tree_lock(root, wait=lock_wait() if journaled else 0):
             journal = recover(root)
-    except BusyError:
-        return None  # a live writer owns the journal and will finish or roll back itself
+    except (BusyError, BadLock):
+        # a live writer owns the journal and will finish or roll back itself; a lock
+        # nobody can take is a writer's to refuse: reading is all the command does
+        return None
+    except EditedSince:
+        raise  # the user's work is at stake: no command goes on over a half-written tree
     except (PermissionError, TreeError):
         return None  # a tree this user cannot write: reading it is all the command does
     return recovered_line(root, journal) if journal else None

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -135,6 +136,74 @@ def test_another_series_of_the_same_name_is_refused_not_called_applied(fixture_t
     gone = _apply(tree, second, "--reverse")
     assert gone.exit_code == 4 and "another series named fixes" in gone.stderr
     assert tree_bytes(tree) == applied
+
+
+def test_a_series_named_like_a_feature_never_stands_for_the_feature(fixture_tree, tmp_path):
+    """A folder named kv-rotation applied with --series is that series' record, not the
+    feature's: the feature is not "already applied" by it, its --reverse does not take the
+    series out, and the other way round; each refusal is one line, the tree untouched."""
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    series = tmp_path / "kv-rotation"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    assert _apply(tree, series).exit_code == 0
+    with_series = tree_bytes(tree)
+    for more in ([], ["--reverse"], ["--reverse", "--dry-run"]):
+        feature = invoke("apply", "--force", "--tree", str(tree), *more)
+        assert feature.exit_code == 4 and feature.stderr.count("\n") == 1, feature.output
+        assert "a series named kv-rotation is applied to this tree (by `portkit apply " \
+               "--series`), not the feature kv-rotation" in feature.stderr
+        assert tree_bytes(tree) == with_series
+    assert _apply(tree, series, "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+    # the feature applied: a series folder of its name neither is it nor takes it out
+    assert invoke("apply", "--force", "--tree", str(tree)).exit_code == 0
+    with_feature = tree_bytes(tree)
+    refused = _apply(tree, series)
+    assert refused.exit_code == 4 and refused.stderr.count("\n") == 1
+    assert f"the feature kv-rotation is applied to this tree, not the series in {series}" \
+        in refused.stderr
+    gone = tmp_path / "elsewhere" / "kv-rotation"  # the folder is no more: its name alone
+    out = _apply(tree, gone, "--reverse")
+    assert out.exit_code == 4 and "leave out --series to take the feature out" in out.stderr
+    assert tree_bytes(tree) == with_feature
+    assert invoke("apply", "--force", "--tree", str(tree), "--reverse").exit_code == 0
+    assert tree_bytes(tree) == before
+
+
+@pytest.mark.parametrize("how", ["--force", "--pin", "--pin, a feature"])
+def test_the_command_apply_prints_to_see_the_change_works_as_printed(fixture_git_tree,
+                                                                     tmp_path, monkeypatch,
+                                                                     how):
+    """The hint after an apply is a command that works when pasted (from another folder than
+    the tree's): with the pin or --force the apply had, the series folder (a series comes
+    out only by --series) and the tree; without --dry-run it takes the change out."""
+    tree = fixture_git_tree("old")
+    before = tree_bytes(tree)
+    pin = git(tree, "rev-parse", "HEAD").strip()[:12]
+    series = tmp_path / "fixes"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    monkeypatch.chdir(tmp_path)
+    given = ["--force"] if how == "--force" else ["--pin", pin]
+    what = [] if how.endswith("feature") else ["--series", str(series)]
+    done = invoke("apply", *given, "--tree", str(tree), *what)
+    assert done.exit_code == 0, done.output
+    hint = re.search(r"or `(portkit apply [^`]*)` \(without --dry-run: take it out\)",
+                     done.stdout)
+    assert hint is not None, done.stdout
+    argv = shlex.split(hint.group(1))
+    assert argv[:4] == ["portkit", "apply", "--reverse", "--dry-run"] and given[0] in argv
+    shown = invoke(*argv[1:])
+    assert shown.exit_code == 0, shown.output
+    assert "patch(es) would be reversed" in shown.stderr
+    assert ("// a note" in shown.stdout) == bool(what)  # else the feature's series
+    out = invoke(*[a for a in argv[1:] if a != "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert tree_bytes(tree) == before
 
 
 @pytest.mark.parametrize("order", ["recorded", "not recorded"])
@@ -393,3 +462,28 @@ def test_a_record_naming_the_forks_own_patch_as_its_copy_is_refused(fixture_fork
     assert back.exit_code == 6 and back.stderr.count("\n") == 1
     assert f"series copy llama/patches/{own.name} is not one of its patches" in back.stderr
     assert tree_bytes(fork.root) == before
+
+
+@pytest.mark.parametrize("folder", ["my series", ".my-series"])
+def test_a_series_folder_whose_name_cannot_name_a_record_is_told_so(fixture_tree, tmp_path,
+                                                                    folder):
+    """The folder's name is the record's: a name that cannot be one is refused as the
+    folder's (never as a "feature name" the user did not give), saying which names can,
+    and --help says it before."""
+    tree = fixture_tree("old")
+    before = tree_bytes(tree)
+    series = tmp_path / folder
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        _diff(tree, GRAPH, "struct ggml_cgraph;\n", "struct ggml_cgraph;\n// a note\n"))
+    for more in ([], ["--reverse"]):
+        done = _apply(tree, series, *more)
+        assert done.exit_code == 2 and done.stderr.count("\n") == 1, done.output
+        assert "feature" not in done.stderr
+        assert f"the name of the --series folder {series} is the name its record is kept " \
+               f"under, and {folder!r} cannot be one: rename the folder" in done.stderr
+        assert "letters, digits, '.', '_' and '-'" in done.stderr
+        assert tree_bytes(tree) == before
+    helped = " ".join(invoke("apply", "--help").stdout.split())
+    assert "recorded under the folder's name (letters, digits, '.', '_', '-', starting with " \
+           "a letter or digit: rename the folder otherwise)" in helped

@@ -598,3 +598,36 @@ def test_a_registry_tree_laid_out_as_a_real_fork_drifts_and_moves_with_no_base(
                          rf"needs-human|needs-review)\s", out), patch.name
     assert out.count("3 sections touch files this fork does not vendor: not checked") == 1
     assert f"move {root}" in err
+
+
+NEW_FILE = "--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+int extra;\n"
+
+
+@pytest.mark.parametrize("path", [
+    "llama/llama.cpp/src/llama-extra.cpp",  # `git diff` at the fork's root: -p1 names this
+    "ggml/CMakeLists.txt",  # ggml's .rsync-filter: hide /CMakeLists.txt
+    "src/NOTE.txt",  # llama.cpp's: only src/llama.* and src/llama-*.*, then hide *
+    "tools/mytool/mytool.cpp"])
+def test_apply_series_refuses_a_file_the_fork_does_not_vendor(real_fork: RealFork,
+                                                             tmp_path: Path, path: str):
+    """What the fork's rsync rules do not bring in, the next sync deletes: a series that
+    writes there is refused, naming the patch and the path, before anything is written
+    (a dry run too); a new file the rules do bring in is applied."""
+    root = real_fork.root
+    assert not fk.Vendoring.of(detect(root)).sends(path)
+    series = _mails(tmp_path / "extra", ("0001-extra.patch", "an extra file",
+                                          NEW_FILE.format(path=path)))
+    before = tree_bytes(root)
+    for more in ([], ["--dry-run"]):
+        code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(series),
+                              *more)
+        assert code == 12 and out == "" and err.count("\n") == 1, err
+        assert f"{series / '0001-extra.patch'} changes {path}, which this fork does not " \
+               f"vendor" in err
+        assert ("a patch made at the fork's root?" in err) == path.startswith("llama/")
+        assert tree_bytes(root) == before
+    sent = _mails(tmp_path / "sent", ("0001-extra.patch", "an extra file",
+                                      NEW_FILE.format(path="src/llama-extra.cpp")))
+    code, out, err = _run("apply", "--force", "--tree", str(root), "--series", str(sent))
+    assert code == 0, err
+    assert (root / "llama/llama.cpp/src/llama-extra.cpp").read_text() == "int extra;\n"

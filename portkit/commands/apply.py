@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -11,8 +12,8 @@ from portkit import tree as tree_mod
 from portkit import validate as validate_mod
 from portkit.commands.common import FEATURE_OPTION, TREE_OPTION, fails_cleanly, open_tree
 from portkit.errors import UsageError
-from portkit.features import Feature
-from portkit.record import record_rel
+from portkit.features import DEFAULT_FEATURE, Feature
+from portkit.record import check_series_name, record_rel
 from portkit.render import PRESENT
 from portkit.series import read_series
 
@@ -26,8 +27,11 @@ from portkit.series import read_series
 @click.option("--series", "series_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Apply this patch series instead of a feature: a folder of format-patch "
                    "mails or plain diffs (any names), or a quilt folder with its `series` "
-                   "file. It is recorded under the folder's name; --reverse --series takes "
-                   "it out (only the series recorded under that name).")
+                   "file. It is recorded under the folder's name (letters, digits, '.', '_', "
+                   "'-', starting with a letter or digit: rename the folder otherwise); "
+                   "--reverse --series takes it out (only the series recorded under that "
+                   "name). In a fork, it may change only files the fork's rsync rules "
+                   "vendor.")
 @click.option("--dry-run", is_flag=True, help="Change nothing; print the series.")
 @click.option("--reverse", is_flag=True, help="Take out a series that portkit applied.")
 @click.option("--force", is_flag=True, help="Skip the pin check.")
@@ -63,7 +67,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         raise UsageError("give --pin SHA (the llama.cpp commit the tree must be at), or --force")
     name = feature
     if series_dir is not None:
-        name = series_dir.resolve().name
+        name = check_series_name(series_dir)
         if then_validate:
             raise UsageError("--validate proves a feature; give --feature, not --series")
     if reverse:
@@ -72,7 +76,7 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         given = read_series(series_dir) if series_dir is not None and series_dir.is_dir() \
             else None
         outcome = apply_mod.reverse(info, name, pin=pin, force=force, dry_run=dry_run,
-                                    series=given)
+                                    series=given, of_series=series_dir is not None)
     elif series_dir is not None:
         outcome = apply_mod.apply_series(info, read_series(series_dir), name, pin=pin,
                                          force=force, dry_run=dry_run,
@@ -111,9 +115,9 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
             click.echo(f"compiled {', '.join(outcome.compiled.units)} with "
                        f"{outcome.compiled.method}")
         if not reverse:
+            show = _reverse_command(pin, force, tree_path, feature, series_dir)
             click.echo(f"the series is kept in {record}; see the change with `git diff` in a "
-                       f"git checkout, or `portkit apply --reverse --dry-run` (take it out "
-                       f"with --reverse)")
+                       f"git checkout, or `{show}` (without --dry-run: take it out)")
     if then_validate and not reverse:
         port = Feature.load(feature)
         reference = tree_mod.detect(tree_mod.fetch(port.validation.reference)) \
@@ -122,3 +126,20 @@ def apply_cmd(pin: str | None, tree_path: Path, feature: str, series_dir: Path |
         click.echo(report.text())
         if not report.passed:
             raise report.failure()
+
+
+def _reverse_command(pin: str | None, force: bool, tree_path: Path, feature: str,
+                     series_dir: Path | None) -> str:
+    """The `portkit apply --reverse --dry-run` that shows what this run applied, as the
+    user can paste it: the pin (or --force) it was applied with, the series folder (a
+    series is taken out by --series) or a feature other than the default, the tree when it
+    is not the current folder."""
+    words = ["portkit", "apply", "--reverse", "--dry-run"]
+    words += ["--force"] if force or pin is None else ["--pin", pin]
+    if series_dir is not None:
+        words += ["--series", str(series_dir)]
+    elif feature != DEFAULT_FEATURE:
+        words += ["--feature", feature]
+    if tree_path.resolve() != Path.cwd().resolve():
+        words += ["--tree", str(tree_path)]
+    return shlex.join(words)
