@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 
 from portkit import rebase as rb
-from portkit.errors import PortkitError, UsageError
+from portkit.errors import ApplyConflict, PortkitError, TreeError, UsageError
 from portkit.follow import feature_of, identifiers
 from portkit.hunks import apply_hunks
+from portkit.rebase import move as move_module
 from portkit.render import render, write_series
 from portkit.series import Patch, Series, read_series
 from portkit.transaction import TreeFiles, Write
@@ -709,6 +710,27 @@ def fork_and_target(fixture_fork, fixture_git_tree):
     (target / "README.md").write_text("not vendored\n")
     commit_all(target, "a file the rules leave out")
     return fork, target
+
+
+@pytest.mark.parametrize("meanwhile", [True, False])
+def test_a_plan_read_while_another_portkit_wrote_the_fork_says_so(fork_and_target,
+                                                                  monkeypatch, meanwhile):
+    """A move planned while another portkit was writing the fork (half an apply read) fails
+    on that half: it says the fork changed while it was read (a refusal, exit 4, as the
+    loser of any race), not that the series is broken. A plan that fails on a fork nobody
+    touched says its own reason."""
+    fork, target_root = fork_and_target
+    def torn(copy, *args):
+        if meanwhile:  # the other portkit's write lands as this one plans
+            (fork.root / "llama" / "patches" / "0009-other.patch").write_text("half\n")
+        raise ApplyConflict("the series does not come out of the fork cleanly")
+
+    monkeypatch.setattr(move_module, "_plan", torn)
+    with pytest.raises((TreeError, ApplyConflict)) as caught:
+        rb.plan_fork(detect(fork.root), detect(target_root))
+    assert isinstance(caught.value, TreeError) == meanwhile
+    said = "changed while portkit read it" if meanwhile else "does not come out"
+    assert said in caught.value.message
 
 
 def test_fork_moves_onto_the_target_in_one_go(fork_and_target, tmp_path):

@@ -187,6 +187,10 @@ def plan_fork(fork: Tree, target: Tree, *, base: Tree | None = None,
         try:
             move = _plan(copy, target, base, target_label)
         except PortkitError as exc:  # named as the user knows it, not as the private copy
+            if not isinstance(exc, UsageError) and fork_state(fork.root) != state:
+                # read while another portkit wrote it (half an apply): that, not the series
+                raise TreeError(f"{fork.root} changed while portkit read it (another portkit "
+                                "at work on it?): nothing was changed; run it again") from exc
             exc.message = exc.message.replace(str(tmp / "fork"), str(fork.root))
             exc.args = (exc.message,)
             raise
