@@ -93,6 +93,30 @@ def test_text_first_a_hunk_that_applies_is_never_present_upstream(tmp_path):
     assert hunk.status == dm.OFFSET, hunk.reason
 
 
+def test_a_hunk_gnu_patch_lands_outside_its_function_keeps_its_verdict_with_a_note(tmp_path):
+    """Upstream put a copy of foo's body where foo was (as bar) and moved foo 80 lines down:
+    GNU patch lands foo's hunk in bar. Text keeps its verdict (clean); the reason says where
+    foo went, for a reviewer, as rebase says it. A hunk that lands in its own function has
+    no such note."""
+    body = "".join(f"    int v{i} = v{i - 1} + {i};\n" for i in range(1, 8)) + "    return v7;\n"
+    pads = "".join(f"static int pad_{i}(void) {{ return {i}; }}\n" for i in range(30))
+    later = "".join(f"static int later_{i}(void) {{ return {i}; }}\n" for i in range(80))
+    base = pads + "\nint foo(int v0) {\n" + body + "}\n"
+    target = (pads + "\nint bar(int v0) {\n" + body + "}\n\n" + later + "\nint foo(int v0) {\n"
+              + body + "}\n")
+    mine = base.replace("v3 + 4", "v3 + 44")
+    t = _run(tmp_path / "away", {"src/a.cpp": base}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", base, mine)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CLEAN
+    assert "to review: GNU patch puts it at line" in hunk.reason and "foo at src/a.cpp:" in \
+        hunk.reason
+    home = _run(tmp_path / "home", {"src/a.cpp": base}, {"src/a.cpp": base + "\n" + later},
+                [[_diff("src/a.cpp", base, mine)]])
+    (hunk,) = home.patches[0].hunks
+    assert hunk.status == dm.CLEAN and hunk.reason == "applies as it is"
+
+
 def test_text_first_the_locator_does_not_overrule_a_fuzz_landing(tmp_path):
     """GNU patch places the hunk with fuzz; that is its verdict, even though the function its
     context came from was renamed in the target."""

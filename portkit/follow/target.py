@@ -199,6 +199,9 @@ class _Target:
             note = self.review_note(hunk)
             if note:
                 said += f"; to review: upstream may have it already ({note})"
+            away = self.landed_away(hunk, base_sym, offset)
+            if away:
+                said += f"; to review: {away}"
             return HunkDrift(hunk.path, hunk.old_start, mapped, said, patch_line, offset, fuzz,
                              name)
         if status == ALREADY:
@@ -208,6 +211,26 @@ class _Target:
                              nearest=Nearest(hunk.path, found, "\n".join(
                                  hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
+
+    def landed_away(self, hunk: Hunk, base_sym: Symbol | None, offset: int) -> str:
+        """For a hunk GNU patch lands: where that is outside what its code in the base became
+        (found without doubt), why a reviewer should look, or "". Text keeps its verdict.
+        Cheap first: a landing inside a symbol of the same name in its own file is home."""
+        if base_sym is None or hunk.path not in self.target.index.files:
+            return ""
+        line = hunk.old_start + offset + _changed_offset(hunk)  # its first change
+        there = self.target.index.enclosing(hunk.path, line)
+        if there is not None and there.qualname == base_sym.qualname:
+            return ""
+        cand = self.located(base_sym)[0]
+        if cand is None:
+            return ""
+        ts = cand.symbol
+        first, last = self._line_now(ts.file, ts.start_line), self._line_now(ts.file, ts.end_line)
+        if ts.file == hunk.path and first - 3 <= line <= last + 3:
+            return ""
+        return (f"GNU patch puts it at line {line}, but its code in the base "
+                f"({base_sym.qualname}) is {ts.qualname} at {ts.file}:{first} in the target")
 
     def there_verbatim(self, hunk: Hunk) -> str:
         """For a hunk GNU patch lands only by ignoring context (fuzz: git apply would not
