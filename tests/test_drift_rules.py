@@ -319,6 +319,22 @@ def test_an_added_line_the_function_had_already_is_there_only_once_more(tmp_path
     assert (hunk.status == dm.PRESENT_UPSTREAM) == upstream_took_it, hunk.reason
 
 
+def test_a_line_the_hunk_moves_into_a_new_if_is_not_counted_as_one_more(tmp_path):
+    """A patch puts `y = add(y, bias);` under a new `if (bias)`; upstream did the same and
+    rewrote the lines around it. The line is not one more than the base had (the hunk
+    removes it as it adds it): upstream's change is there, in its own words."""
+    base = "int f(int x, int bias) {\n    int y = x * 2;\n    y = add(y, bias);\n" \
+        "    return y;\n}\n"
+    after = base.replace("    y = add(y, bias);\n",
+                         "    if (bias) {\n        y = add(y, bias);\n    }\n")
+    target = after.replace("x * 2", "x * 3").replace("return y;", "return y + 0;").replace(
+        "if (bias) {", "if (bias) { // optional")
+    t = _run(tmp_path, {"src/a.cpp": base}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", base, after)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.PRESENT_UPSTREAM, hunk.reason
+
+
 STEP = """\
 int llama_step(int x) {
     int y = x * 2;

@@ -75,13 +75,16 @@ class Place:
 
 def added_lines_there(p: Place) -> str:
     """Every meaningful line the hunk adds is there, as many times more than the base had
-    it as the hunk adds it (a `return 0;` the function had already is not the one the hunk
-    adds), and the lines it removes are gone from around them (the same line may well stay
-    elsewhere in the function)."""
+    it as the hunk adds it more than it removes it (a `return 0;` the function had already
+    is not the one the hunk adds; a line it moves into a new `if` is not one more), and the
+    lines it removes are gone from around them (the same line may well stay elsewhere in
+    the function)."""
     if not p.added or not all(a in p.here for a in p.added):
         return ""
     there, had = Counter(p.flat_lines), Counter(p.base_flat_lines)
-    if any(there[a] - had[a] < n for a, n in Counter(p.added).items()):
+    more = Counter(p.added)
+    more.subtract(_meaningful(p.hunk.removed))  # a line it removes and adds again is no more
+    if any(there[a] - had[a] < n for a, n in more.items() if n > 0):
         return ""
     wanted = set(p.added)
     at = [i for i, f in enumerate(p.flat_lines) if f in wanted]
