@@ -571,7 +571,8 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
     """The diff parsed by unidiff, and where its signature block (`-- ` to the end) starts. A
     `-- ` line is the signature only when no hunk needs it and no diff follows it."""
     sig = max((i for i, line in enumerate(lines) if line == SIGNATURE_LINE), default=None)
-    fed = _spaced_names(lines)
+    text = "".join(lines)
+    fed = _spaced_names(lines) if _TWO_SIDES.search(text) else lines
     if sig is not None and not any(line.startswith(("diff --git ", "--- ", "+++ ", "@@ "))
                                    for line in lines[sig:]):
         try:
@@ -579,10 +580,14 @@ def _parse_diff(where: str, lines: list[str]) -> tuple[PatchSet, int]:
         except UnidiffParseError:
             pass  # the `-- ` line is a removed "- " line of the last hunk
     try:
-        return PatchSet("".join(fed)), len(lines)
+        return PatchSet(text if fed is lines else "".join(fed)), len(lines)
     except UnidiffParseError as exc:
         detail = str(exc).strip().split("\n")[0]
         raise UnreadablePatch(f"{where}: malformed diff ({detail})") from exc
+
+
+# a `diff --git` line with ` b/` more than once: a name may hold it (cheap test, on the text)
+_TWO_SIDES = re.compile(r'(?m)^diff --git .*[ "]b/.*[ "]b/')
 
 
 def _spaced_names(lines: list[str]) -> list[str]:
