@@ -1006,3 +1006,84 @@ def test_a_folder_of_the_target_that_cannot_be_read_is_no_candidate_for_a_rename
     assert "src/llama.cpp" in files.by_name()["llama.cpp"]
     assert files.renamed("examples/llava/clip.cpp", old.encode(),
                          lambda rel: (target / rel).read_bytes()) == "tools/mtmd/clip.cpp"
+
+
+SWITCH = """\
+enum arch { ARCH_A, ARCH_B, ARCH_C };
+
+const char * name_of(enum arch a) {
+    switch (a) {
+        case ARCH_A:
+            return "a";
+        case ARCH_B:
+            return "b";
+        default:
+            return "?";
+    }
+}
+
+int one(void) { return 1; }
+int two(void) { return 2; }
+int three(void) { return 3; }
+int four(void) { return 4; }
+
+int width(void) {
+    return 1;
+}
+"""
+
+
+def _a_case_upstream_has(mine: str) -> tuple[str, str]:
+    """The base, and the target: upstream added `case ARCH_C: return "c";` at the top of the
+    switch, so that the patch's case (after ARCH_B, `mine` its statement) still lands."""
+    target = SWITCH.replace("    switch (a) {\n",
+                            "    switch (a) {\n        case ARCH_C:\n            return \"c\";\n")
+    return target, SWITCH.replace("            return \"b\";\n",
+                                  f"            return \"b\";\n        case ARCH_C:\n{mine}")
+
+
+def test_a_landing_that_writes_a_case_twice_with_code_of_its_own_is_a_conflict(tmp_path):
+    """The patch's `case ARCH_C:` lands as text, but upstream has that case in the switch
+    already: with a statement of its own, the file would have the case twice and not compile,
+    so the hunk needs a human, saying which case and that the two must become one."""
+    target, mine = _a_case_upstream_has("            return \"c-mine\";\n")
+    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", SWITCH, mine)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CONFLICT, hunk.reason
+    assert "case ARCH_C is in that switch already (line 5)" in hunk.reason
+    assert "must become one" in hunk.reason
+
+
+def test_a_landing_that_only_repeats_upstreams_case_is_present_upstream(tmp_path):
+    """The patch's whole change is a case upstream has in the same form: present upstream
+    (landing it would write the case twice), not clean."""
+    target, mine = _a_case_upstream_has("            return \"c\";\n")
+    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", SWITCH, mine)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.PRESENT_UPSTREAM, hunk.reason
+    assert "case ARCH_C is in that switch already" in hunk.reason
+
+
+def test_a_repeated_case_beside_a_change_upstream_lacks_is_a_refresh(tmp_path):
+    """The patch repeats upstream's case and also changes width(), which upstream does not
+    have: the repeat is a hunk to leave out (attention), the other hunk keeps what text says
+    (it lands 2 lines away, below upstream's case)."""
+    target, mine = _a_case_upstream_has("            return \"c\";\n")
+    mine = mine.replace("int width(void) {\n    return 1;", "int width(void) {\n    return 2;")
+    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
+             [[_diff("src/a.cpp", SWITCH, mine)]])
+    first, second = t.patches[0].hunks
+    assert first.status == dm.CONFLICT and "case ARCH_C is in that switch already" in \
+        first.reason, first.reason
+    assert second.status == dm.OFFSET and second.reason == "applies +2 lines away"
+
+
+def test_a_case_the_target_does_not_have_lands_clean(tmp_path):
+    """The negative: the same patch on the base itself (no case ARCH_C there) is clean."""
+    _, mine = _a_case_upstream_has("            return \"c\";\n")
+    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": SWITCH},
+             [[_diff("src/a.cpp", SWITCH, mine)]])
+    (hunk,) = t.patches[0].hunks
+    assert hunk.status == dm.CLEAN, hunk.reason

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cache
 
@@ -171,25 +172,57 @@ def _candidates(ours: bytes, added: Iterable[str]) -> bool:
 _IN = {"case": "in that switch", "enumerator": "in that enum", "entry": "a key of that map"}
 _TWICE = {"case": "twice, it does not compile", "enumerator": "twice, it does not compile",
           "entry": "the map keeps only one of them"}
+_LANDING = {"case": "the switch would have it twice and not compile",
+            "enumerator": "the enum would have it twice and not compile",
+            "entry": "the map would have the key twice and keep only one value"}
 _ONCE = {"case": "it would not compile", "enumerator": "it would not compile",
          "entry": "the map keeps one of them"}
 
 
-def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, list[str]]:
-    """`result` (the target's file `ours` with a patch carried; `added`: the lines the patch
-    adds to it) without the cases and enumerators the carry added that repeat one the target
-    has in the same switch or enum, and a note for each, e.g. "case LLM_ARCH_GEMMA3 is in that
-    switch already (line 961)..."."""
+@dataclass(frozen=True)
+class Repeat:
+    """A label the carry wrote a second time: a case of a switch, an enumerator of an enum, a
+    key of a map, which the target had once already."""
+
+    kind: str  # "case", "enumerator" or "entry"
+    label: str  # e.g. "case LLM_ARCH_GEMMA3", "LLM_ARCH_GEMMA3"
+    twin: int  # the target's own one: its 0-based row in the result
+    rows: frozenset[int]  # the rows (0-based, in the result) of the carry's repeat
+    first: bytes  # the carry's repeat's first line, squashed
+    text: frozenset[bytes]  # its lines, squashed
+    own: bool  # whether the carry's says something upstream's does not
+
+    def what(self) -> str:
+        """E.g. "case X is in that switch already"."""
+        return f"{self.label} is {_IN[self.kind]} already"
+
+    def consequence(self) -> str:
+        """What landing the carry's one as well does to the file."""
+        return _TWICE[self.kind] if self.own else _ONCE[self.kind]
+
+    def landing(self) -> str:
+        """What landing the carry's one beside the target's makes of the file, a sentence."""
+        return _LANDING[self.kind]
+
+
+def squashed(line: str) -> bytes:
+    """A patch's line as a Repeat's lines are kept (bytes, blanks squashed)."""
+    return _squash(line.encode("utf-8", "surrogateescape"))
+
+
+def repeats(ours: bytes, result: bytes, added: Iterable[str]) -> list[Repeat]:
+    """The labels that `result` (the target's file `ours` with a patch carried; `added`: the
+    lines the patch adds to it) has twice where `ours` had them once, the carry's one being
+    a whole label of lines it added."""
     if not _candidates(ours, added):
-        return result, []
+        return []
     tree, before = _parser().parse(result), _parser().parse(ours)
     if tree.root_node.has_error or before.root_node.has_error:
-        return result, []
+        return []
     had = _groups(before.root_node, ours)
     lines = result.splitlines(keepends=True)
     new: set[int] | None = None  # the lines the carry added, read only when texts tie
-    drop: set[int] = set()
-    said: list[tuple[str, str, int, bool]] = []
+    found: list[Repeat] = []
     for ident, members in _groups(tree.root_node, result).items():
         kind = ident[0]
         by_key: dict[bytes, list[Node]] = defaultdict(list)
@@ -213,19 +246,38 @@ def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, l
             if len(mine) != len(twins) - 1 or not all(_whole_lines(result, m) for m in mine):
                 continue
             [target] = [m for m in twins if m not in mine]
-            own = [m for m in mine if _own_code(kind, _after_label(kind, m, result),
-                                                _after_label(kind, target, result))]
-            for m in mine:
-                if m not in own:
-                    drop.update(range(m.start_point[0], m.end_point[0] + 1))
             label = f"case {key.decode(errors='replace')}" if kind == "case" \
                 else key.decode(errors="replace")
             where = _label(kind, target) or target
-            said.append((kind, f"{label} is {_IN[kind]} already", where.start_point[0],
-                         bool(own)))
-    notes = [f"{what} (line {row + 1 - sum(1 for d in drop if d < row)}): " + (
-             f"the patch's, in its own form, carried beside it: {_TWICE[kind]} (the two "
-             "must become one)" if own else
-             f"the patch's, a second one, left out ({_ONCE[kind]})")
-             for kind, what, row, own in said]
+            for m in mine:
+                found.append(Repeat(
+                    kind, label, where.start_point[0],
+                    frozenset(range(m.start_point[0], m.end_point[0] + 1)),
+                    _squash(lines[m.start_point[0]]),
+                    frozenset(_squash(lines[k]) for k in range(m.start_point[0],
+                                                               m.end_point[0] + 1)),
+                    _own_code(kind, _after_label(kind, m, result),
+                              _after_label(kind, target, result))))
+    return found
+
+
+def repeated(ours: bytes, result: bytes, added: Iterable[str]) -> tuple[bytes, list[str]]:
+    """`result` (the target's file `ours` with a patch carried; `added`: the lines the patch
+    adds to it) without the cases and enumerators the carry added that repeat one the target
+    has in the same switch or enum, and a note for each, e.g. "case LLM_ARCH_GEMMA3 is in that
+    switch already (line 961)..."."""
+    found = repeats(ours, result, added)
+    if not found:
+        return result, []
+    drop = {row for r in found if not r.own for row in r.rows}
+    said: dict[tuple[str, int], Repeat] = {}
+    for r in found:  # one note a label, "own" if any of the carry's has code of its own
+        if (r.label, r.twin) not in said or r.own:
+            said[(r.label, r.twin)] = r
+    notes = [f"{r.what()} (line {r.twin + 1 - sum(1 for d in drop if d < r.twin)}): " + (
+             f"the patch's, in its own form, carried beside it: {r.consequence()} (the two "
+             "must become one)" if r.own else
+             f"the patch's, a second one, left out ({r.consequence()})")
+             for r in said.values()]
+    lines = result.splitlines(keepends=True)
     return b"".join(line for k, line in enumerate(lines) if k not in drop), notes

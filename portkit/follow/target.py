@@ -46,6 +46,7 @@ from portkit.follow.relocate import (
     place_insertion,
 )
 from portkit.follow.renames import Files
+from portkit.follow.repeats import repeats, squashed
 from portkit.follow.sequence import (
     FUZZ_LIMIT,
     _Carry,
@@ -139,21 +140,26 @@ class _Target:
         patches = []
         with _Carry.on(self.series, self.target.root) as carry:
             for patch in self.series.patches:
+                before = carry.files()
                 presult = carry.patch(patch)
                 self.current = carry.files()
                 self.landings.clear()
-                patches.append(self.patch(presult))
+                patches.append(self.patch(presult, before))
                 if not presult.applied:
                     carry.lend({landing.file: self.current[landing.file]
                                 for landing in self.landings.values()})
         return TargetDrift(self.target.label, self.target.pin, tuple(patches))
 
-    def patch(self, presult: PatchResult) -> PatchDrift:
-        """One patch as the engine fared with it on `self.current`, hunk by hunk."""
+    def patch(self, presult: PatchResult,
+              before: dict[str, bytes | None] | None = None) -> PatchDrift:
+        """One patch as the engine fared with it on `self.current`, hunk by hunk. With
+        `before` (the files as they were before it; `self.current` is then what the series
+        carried, this patch included), a landing that writes a label twice is told."""
         patch = presult.patch
         at = _patch_lines(patch)
         hunks: list[HunkDrift] = []
         blocks: dict[int, str] = {}  # landed hunks whose added block the target has already
+        landed: list[Hunk] = []
         for hr in presult.hunks:
             assert hr.hunk is not None
             line = at.get(hr.hunk.patch_index, 1)
@@ -164,15 +170,25 @@ class _Target:
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
                                     hr.reason, line, hr.line))
+            landed.append(hr.hunk)
             if hunks[-1].status in (CLEAN, OFFSET):
                 block = self.there_as_block(hr.hunk)
                 if block:
                     blocks[len(hunks) - 1] = block
+        repeats_only: set[int] = set()  # landed hunks that only repeat upstream's label
+        if before is not None:
+            hunks = self.repeats(patch, hunks, landed, blocks, repeats_only, before)
         if not hunks:  # nothing to apply hunk by hunk (a binary patch, say)
             where = patch.paths[0] if patch.paths else patch.name
             hunks = [HunkDrift(where, 1, CONFLICT, problem, 1)
                      for problem in presult.problems or ["the patch changes no text"]]
+        landing = hunks
         hunks = _wholly_there(hunks, blocks)
+        hunks = [replace(h, status=CONFLICT, offset=0, fuzz=0, reason=(
+                 f"the patch is partly upstream: {_it(landing[i].reason)}, but {blocks[i]}, "
+                 "and landing it would write it twice; refresh the patch without this hunk"))
+                 if i in repeats_only and h.status != PRESENT_UPSTREAM else h
+                 for i, h in enumerate(hunks)]
         hunks = _partly_there(hunks)
         there = all(h.status in (PRESENT_UPSTREAM, ALREADY_APPLIED) for h in hunks)
         return PatchDrift(patch.name, patch.subject, tuple(hunks),
@@ -211,6 +227,41 @@ class _Target:
                              nearest=Nearest(hunk.path, found, "\n".join(
                                  hunk.new_lines[:12])) if found else None)
         return self.follow(hunk, base_sym, reason, patch_line)
+
+    def repeats(self, patch: Patch, hunks: list[HunkDrift], landed: list[Hunk],
+                blocks: dict[int, str], only: set[int],
+                before: dict[str, bytes | None]) -> list[HunkDrift]:
+        """`hunks` (of `landed`), where one that lands writes a label its target has already
+        (a `case` in that switch, an enumerator, a map key: portkit.follow.repeats) told so:
+        the patch's with code of its own is a conflict (the two must become one); one that
+        only repeats upstream's is there already (present upstream with the rest of the
+        patch, else a hunk to leave out: `only` gets its index, `blocks` its reason). Text
+        would land it, but the file would not compile."""
+        out = list(hunks)
+        for f in patch.files:
+            old, new = before.get(f.path), self.current.get(f.path)
+            if old is None or new is None or old == new:
+                continue
+            ones = [i for i, h in enumerate(landed) if h.path == f.path
+                    and out[i].status in (CLEAN, OFFSET, FUZZ, RELOCATED)]
+            for r in repeats(old, new, (line for i in ones for line in landed[i].added)):
+                i = next((i for i in ones if r.first in {squashed(a) for a in landed[i].added}),
+                         None)
+                if i is None:
+                    continue
+                said = f"{r.what()} (line {r.twin + 1})"
+                h = out[i]
+                rest = {squashed(a) for a in landed[i].added} - r.text - {b""}
+                if r.own or rest:
+                    verdict = ("the patch's has code of its own: the two must become one"
+                               if r.own else "leave the patch's repeat out")
+                    out[i] = replace(h, status=CONFLICT, offset=0, fuzz=0, reason=(
+                        f"{_it(h.reason)}, but {said}: {r.landing()}; {verdict}"))
+                    blocks.pop(i, None)
+                else:
+                    blocks[i] = said
+                    only.add(i)
+        return out
 
     def landed_away(self, hunk: Hunk, base_sym: Symbol | None, offset: int) -> str:
         """For a hunk GNU patch lands: where that is outside what its code in the base became
@@ -1133,6 +1184,11 @@ class _Target:
 
 
 _RUN = re.compile(r"(?<!\w)[A-Za-z_]\w*")
+
+
+def _it(reason: str) -> str:
+    """A landing's reason as a clause: "it applies ..." (a relocated hunk's says where)."""
+    return f"it {reason}" if reason.startswith("applies") else reason
 
 
 def _run_heads(flattened: str) -> list[tuple[str, ...]]:
