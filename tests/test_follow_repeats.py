@@ -250,3 +250,17 @@ def test_only_the_outermost_type_makes_a_map():
         table = TABLES.replace(b"std::map<llm_arch, const char *>", kind)
         carried = _with(table, b'"gemma2"           },\n', line)
         assert repeated(table, carried, [line.decode()]) == (carried, []), kind
+
+
+def test_with_once_only_a_label_the_file_has_once_is_a_candidate():
+    """drift's cheaper look (`once`): a key the file has in every inner table of a table of
+    tables is not read for, nor a case two switches have; a case the file has once is."""
+    from portkit.follow.repeats import _candidates
+    tables = (b"static const std::map<int, std::map<int, const char *>> T = {\n"
+              b"    { 1, { { LLM_TENSOR_OUT, \"a\" }, } },\n"
+              b"    { 2, { { LLM_TENSOR_OUT, \"b\" }, } },\n};\n")
+    entry = ["        { LLM_TENSOR_OUT, \"c\" },\n"]
+    assert _candidates(tables, entry) and not _candidates(tables, entry, once=True)
+    gemma3 = ["        case LLM_ARCH_GEMMA3:\n"]
+    assert _candidates(OURS, gemma3) and not _candidates(OURS, gemma3, once=True)
+    assert _candidates(OURS, ["        case LLM_ARCH_GEMMA:\n"], once=True)

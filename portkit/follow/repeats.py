@@ -151,20 +151,29 @@ _ENUMERATOR = re.compile(rb"^\s*([A-Za-z_]\w*)\s*(?:=[^,]*)?,?\s*(?://.*)?$")
 _ENTRY = re.compile(rb"^\s*\{\s*([A-Za-z_][\w:]*)\s*,")  # `{ LLM_ARCH_X, "x" },`
 
 
-def _candidates(ours: bytes, added: Iterable[str]) -> bool:
+def _candidates(ours: bytes, added: Iterable[str], once: bool = False) -> bool:
     """Whether a line the patch adds is a case or an enumerator the target has already (a
-    cheap test: tree-sitter reads the file only then)."""
+    cheap test: tree-sitter reads the file only then). With `once`, a label counts only where
+    the target has it once in the whole file (cheaper still: a key of a table of tables, in
+    every inner table, an argument on a line of its own, a case of two switches over one
+    enum are not read for)."""
+    def there(pattern: bytes) -> bool:
+        if not once:
+            return re.search(pattern, ours) is not None
+        found = re.finditer(pattern, ours)
+        return next(found, None) is not None and next(found, None) is None
+
     for text in added:
         line = text.rstrip("\r\n").encode("utf-8", "surrogateescape")
         case = _CASE.match(line)
-        if case and re.search(rb"\bcase\s+" + re.escape(case.group(1)) + rb"\s*:", ours):
+        if case and there(rb"\bcase\s+" + re.escape(case.group(1)) + rb"\s*:"):
             return True
         entry = _ENTRY.match(line)
-        if entry and re.search(rb"\{\s*" + re.escape(entry.group(1)) + rb"\s*,", ours):
+        if entry and there(rb"\{\s*" + re.escape(entry.group(1)) + rb"\s*,"):
             return True
         enumerator = _ENUMERATOR.match(line)
-        if enumerator and re.search(rb"(?m)^\s*" + re.escape(enumerator.group(1))
-                                    + rb"\s*[=,}\n]", ours):
+        if enumerator and there(rb"(?m)^\s*" + re.escape(enumerator.group(1))
+                                + rb"\s*[=,}\n]"):
             return True
     return False
 
@@ -210,11 +219,13 @@ def squashed(line: str) -> bytes:
     return _squash(line.encode("utf-8", "surrogateescape"))
 
 
-def repeats(ours: bytes, result: bytes, added: Iterable[str]) -> list[Repeat]:
+def repeats(ours: bytes, result: bytes, added: Iterable[str], once: bool = False
+            ) -> list[Repeat]:
     """The labels that `result` (the target's file `ours` with a patch carried; `added`: the
     lines the patch adds to it) has twice where `ours` had them once, the carry's one being
-    a whole label of lines it added."""
-    if not _candidates(ours, added):
+    a whole label of lines it added. With `once`, only labels `ours` has once in the whole
+    file are looked for (see _candidates)."""
+    if not _candidates(ours, added, once):
         return []
     tree, before = _parser().parse(result), _parser().parse(ours)
     if tree.root_node.has_error or before.root_node.has_error:

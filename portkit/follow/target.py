@@ -244,7 +244,10 @@ class _Target:
                 continue
             ones = [i for i, h in enumerate(landed) if h.path == f.path
                     and out[i].status in (CLEAN, OFFSET, FUZZ, RELOCATED)]
-            for r in repeats(old, new, (line for i in ones for line in landed[i].added)):
+            # (only labels the file has once: drift reads every patch of a series, and
+            # reading a file with tree-sitter for each would double its time)
+            for r in repeats(old, new, (line for i in ones for line in landed[i].added),
+                             once=True):
                 i = next((i for i in ones if r.first in {squashed(a) for a in landed[i].added}),
                          None)
                 if i is None:
