@@ -48,6 +48,8 @@ from portkit.errors import (
     ToolFailed,
     UsageError,
 )
+from portkit.proc import git as sealed_git
+from portkit.proc import safe_directory_env
 
 PLAIN = "llama.cpp"
 OLLAMA = "ollama"
@@ -88,14 +90,15 @@ def _read(path: Path) -> str:
 
 
 def _git_env() -> dict[str, str]:
-    """The environment of every git portkit runs: deaf to the user's and the system's git
-    configuration (an insteadOf, a hooks path, a credential helper) and never prompting."""
+    """The environment of every git GitPython runs for portkit: deaf to the user's and the
+    system's git configuration (an insteadOf, a hooks path, a credential helper) but its
+    safe.directory entries (portkit.proc.safe_directory_env), and never prompting."""
     return {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_TERMINAL_PROMPT": "0"}
+            "GIT_TERMINAL_PROMPT": "0", **safe_directory_env()}
 
 
 def _repo(path: Path) -> git.Repo:
-    import git  # GitPython, when a tree is a git repository (a drift of folders never needs it)
+    import git  # GitPython, for a git: spec's mirror (no other command needs it)
 
     repo = git.Repo(path)
     repo.git.update_environment(**_git_env())
@@ -103,14 +106,15 @@ def _repo(path: Path) -> git.Repo:
 
 
 def _git_head(path: Path) -> str | None:
+    """The commit the checkout at `path` is at (portkit.proc.git, sealed); None where it
+    has none (no repository, an unborn branch, a broken .git). A repository git refuses as
+    another user's is refused (TreeError), not taken for one without a HEAD."""
     if not (path / ".git").exists():
         return None  # no repository here (a checkout has .git, a worktree's is a file)
-    import git
-
-    try:
-        return _repo(path).head.commit.hexsha
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
-        return None
+    done = sealed_git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=path,
+                      check=False, ceiling=path.parent)
+    head = done.stdout.strip()
+    return head if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", head) else None
 
 
 def _ollama_pin(root: Path) -> tuple[str | None, str | None]:

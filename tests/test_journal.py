@@ -108,6 +108,40 @@ def test_a_roll_back_refuses_a_file_edited_after_the_kill(fixture_tree, tmp_path
     assert tree_bytes(tree) == pristine and aside.read_bytes() == mine
 
 
+def test_every_read_only_command_in_a_fork_edited_after_the_kill_says_so(fixture_fork,
+                                                                         tmp_path):
+    """A read-only command rolls a killed portkit's journal back before it reads (it never
+    reads a half-written tree); where that would overwrite the user's work, it refuses in the
+    same one line as recover (EditedSince, exit 4, naming the file and `portkit recover`),
+    and writes nothing. `drift` in the fork too: it used to take the fork for no fork and
+    ask for --series or --tree (exit 2)."""
+    fork = fixture_fork("old").root
+    series = tmp_path / "s1"
+    series.mkdir()
+    (series / "0001-note.patch").write_text(
+        "--- a/src/llama-graph.h\n+++ b/src/llama-graph.h\n@@ -1,3 +1,4 @@\n"
+        " #pragma once\n+// a note\n \n #include \"llama-arch.h\"\n")
+    _killed_apply(fork, series, "journal:written#1", tmp_path)
+    edited = fork / "llama" / "llama.cpp" / "src" / "llama-graph.h"
+    with edited.open("a") as fh:
+        fh.write("// my own work, written after the crash\n")
+    (fork / ".portkit" / ".lock").unlink()  # the killed holder's, which any command clears
+    left = tree_bytes(fork)
+    for args in (["tree", "info", str(fork)], ["anchors", "--tree", str(fork)],
+                 ["render", "--tree", str(fork), "--out", str(tmp_path / "rendered")],
+                 ["validate", "--published", "--tree", str(fork)],
+                 ["drift", "--fork", str(fork)],
+                 ["drift", "--fork", str(fork), "--series", str(series)],
+                 ["drift", "--fork", str(fork), "--tree", str(fork)]):
+        done = CliRunner().invoke(cli, args)
+        assert done.exit_code == EditedSince.exit_code, (args, done.output)
+        assert done.stderr.count("\n") == 1 and str(edited) in done.stderr, (args, done.stderr)
+        assert "nothing was rolled back" in done.stderr, (args, done.stderr)
+        assert f"portkit recover --tree {fork}" in done.stderr, (args, done.stderr)
+        assert tree_bytes(fork) == left, args
+    assert not (tmp_path / "rendered").exists()
+
+
 # -- what is planted in .portkit: never waited on, never read whole ---------------------------
 
 

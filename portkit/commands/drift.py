@@ -17,7 +17,7 @@ from portkit.commands.common import fails_cleanly, open_tree, refuse_input
 from portkit.drift import formats as drift_formats
 from portkit.drift import model as dm
 from portkit.drift.classify import drift
-from portkit.errors import InputError, PortkitError, UsageError
+from portkit.errors import InputError, UsageError
 from portkit.follow import DriftInput
 from portkit.series import Series, read_series
 from portkit.tree import OLLAMA, Tree
@@ -157,8 +157,8 @@ def _job(series_dir: Path | None, targets: tuple[str, ...], base: str | None,
     if series_dir is None or (base is None) or not targets:
         try:
             candidate: Tree | None = open_tree(fork_path)
-        except PortkitError:  # not a tree: the options must say everything then
-            candidate = None
+        except InputError:  # not a tree: the options must say everything then
+            candidate = None  # (a tree that cannot be read as it is, EditedSince, says so)
         if candidate is not None and candidate.layout == OLLAMA:
             fork = candidate
     if series_dir is None:
