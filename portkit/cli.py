@@ -120,10 +120,10 @@ def main() -> NoReturn:
     (portkit/__init__.py), while a command runs (Interrupted: a transaction rolls back), and
     once the command is over (the line says what it left, e.g. a fork move complete)."""
     _handlers(None)
-    own_scratch()
     failure: BaseException | None = None
     code = 0
-    try:
+    try:  # (a signal while the scratch folder is made is one line too: see test_kill)
+        own_scratch()
         result = cli.main(prog_name="portkit", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except BaseException as exc:
