@@ -1042,14 +1042,17 @@ def _a_case_upstream_has(mine: str) -> tuple[str, str]:
                                   f"            return \"b\";\n        case ARCH_C:\n{mine}")
 
 
+def _switch_hunks(tmp: Path, target: str, mine: str) -> tuple[dm.HunkDrift, ...]:
+    """The drift of the one patch SWITCH -> `mine` on `target`, hunk by hunk."""
+    return _run(tmp, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
+                [[_diff("src/a.cpp", SWITCH, mine)]]).patches[0].hunks
+
+
 def test_a_landing_that_writes_a_case_twice_with_code_of_its_own_is_a_conflict(tmp_path):
     """The patch's `case ARCH_C:` lands as text, but upstream has that case in the switch
     already: with a statement of its own, the file would have the case twice and not compile,
     so the hunk needs a human, saying which case and that the two must become one."""
-    target, mine = _a_case_upstream_has("            return \"c-mine\";\n")
-    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
-             [[_diff("src/a.cpp", SWITCH, mine)]])
-    (hunk,) = t.patches[0].hunks
+    (hunk,) = _switch_hunks(tmp_path, *_a_case_upstream_has("            return \"c-mine\";\n"))
     assert hunk.status == dm.CONFLICT, hunk.reason
     assert "case ARCH_C is in that switch already (line 5)" in hunk.reason
     assert "must become one" in hunk.reason
@@ -1058,10 +1061,7 @@ def test_a_landing_that_writes_a_case_twice_with_code_of_its_own_is_a_conflict(t
 def test_a_landing_that_only_repeats_upstreams_case_is_present_upstream(tmp_path):
     """The patch's whole change is a case upstream has in the same form: present upstream
     (landing it would write the case twice), not clean."""
-    target, mine = _a_case_upstream_has("            return \"c\";\n")
-    t = _run(tmp_path, {"src/a.cpp": SWITCH}, {"src/a.cpp": target},
-             [[_diff("src/a.cpp", SWITCH, mine)]])
-    (hunk,) = t.patches[0].hunks
+    (hunk,) = _switch_hunks(tmp_path, *_a_case_upstream_has("            return \"c\";\n"))
     assert hunk.status == dm.PRESENT_UPSTREAM, hunk.reason
     assert "case ARCH_C is in that switch already" in hunk.reason
 

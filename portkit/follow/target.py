@@ -163,6 +163,7 @@ class _Target:
         for hr in presult.hunks:
             assert hr.hunk is not None
             line = at.get(hr.hunk.patch_index, 1)
+            landed.append(hr.hunk)  # (one a hunk, beside `hunks`)
             if patch.subject in self.upstream and hr.status != ALREADY:
                 hunks.append(HunkDrift(
                     hr.file, hr.old_start, PRESENT_UPSTREAM, "the target has this part of "
@@ -170,7 +171,6 @@ class _Target:
                 continue
             hunks.append(self._hunk(patch, hr.hunk, hr.status, hr.offset, hr.fuzz,
                                     hr.reason, line, hr.line))
-            landed.append(hr.hunk)
             if hunks[-1].status in (CLEAN, OFFSET):
                 block = self.there_as_block(hr.hunk)
                 if block:
@@ -246,15 +246,15 @@ class _Target:
                     and out[i].status in (CLEAN, OFFSET, FUZZ, RELOCATED)]
             # (only labels the file has once: drift reads every patch of a series, and
             # reading a file with tree-sitter for each would double its time)
+            adds = {i: {squashed(a) for a in landed[i].added} for i in ones}
             for r in repeats(old, new, (line for i in ones for line in landed[i].added),
                              once=True):
-                i = next((i for i in ones if r.first in {squashed(a) for a in landed[i].added}),
-                         None)
+                i = next((i for i in ones if r.first in adds[i]), None)
                 if i is None:
                     continue
                 said = f"{r.what()} (line {r.twin + 1})"
                 h = out[i]
-                rest = {squashed(a) for a in landed[i].added} - r.text - {b""}
+                rest = adds[i] - r.text - {b""}
                 if r.own or rest:
                     verdict = ("the patch's has code of its own: the two must become one"
                                if r.own else "leave the patch's repeat out")
